@@ -1,0 +1,236 @@
+"""Precision plans: which format each GEMM of each linear layer runs in.
+
+A decision unit is a ``GemmId(layer, linear, gemm)``:
+  * ``layer``  - global transformer-block index (the same on every pipeline stage),
+  * ``linear`` - one of ``qkv``, ``proj``, ``fc1`` (gate+up), ``fc2`` (down),
+  * ``gemm``   - ``fprop`` (Y = X·Wᵀ), ``dgrad`` (dX = dY·W), ``wgrad`` (dW = dYᵀ·X).
+
+A ``PrecisionPlan`` is an immutable mapping GemmId -> format name plus the step it
+was made at, the policy that made it, the solver's objective and status. It
+round-trips through JSON and has a hash that is identical on every rank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from megatron_snip.precision.formats import FORMATS, FP4_FORMATS
+
+LINEARS: tuple[str, ...] = ("qkv", "proj", "fc1", "fc2")
+GEMMS: tuple[str, ...] = ("fprop", "dgrad", "wgrad")
+
+
+@dataclass(frozen=True, order=True)
+class GemmId:
+    """Global name of one GEMM: ``GemmId(17, "fc2", "wgrad")``."""
+
+    layer: int
+    linear: str
+    gemm: str
+
+    def __post_init__(self) -> None:
+        if self.linear not in LINEARS:
+            raise ValueError(f"GemmId.linear={self.linear!r} is not one of {LINEARS}")
+        if self.gemm not in GEMMS:
+            raise ValueError(f"GemmId.gemm={self.gemm!r} is not one of {GEMMS}")
+        if self.layer < 0:
+            raise ValueError(f"GemmId.layer={self.layer} must be >= 0")
+
+    @property
+    def key(self) -> str:
+        """The JSON key ``"<layer>.<linear>.<gemm>"``."""
+        return f"{self.layer}.{self.linear}.{self.gemm}"
+
+    @classmethod
+    def parse(cls, key: str) -> GemmId:
+        parts = key.split(".")
+        if len(parts) != 3 or not parts[0].isdigit():
+            raise ValueError(f"plan entry key {key!r} is not '<layer>.<linear>.<gemm>' (e.g. '3.fc2.wgrad')")
+        return cls(int(parts[0]), parts[1], parts[2])
+
+
+def all_gemm_ids(num_layers: int, layers: Iterable[int] | None = None) -> list[GemmId]:
+    """Every GemmId of a model with ``num_layers`` blocks (or of the given ``layers``), in canonical order."""
+    layer_range = range(num_layers) if layers is None else layers
+    return [GemmId(layer, lin, g) for layer in layer_range for lin in LINEARS for g in GEMMS]
+
+
+@dataclass(frozen=True)
+class GemmPrecision:
+    """The formats of one linear layer's three GEMMs - what a QuantLinear runs with."""
+
+    fprop: str = "bf16"
+    dgrad: str = "bf16"
+    wgrad: str = "bf16"
+
+    def __post_init__(self) -> None:
+        for gemm in GEMMS:
+            name = getattr(self, gemm)
+            if name not in FORMATS:
+                raise ValueError(f"GemmPrecision.{gemm}={name!r} is not a known format {sorted(FORMATS)}")
+
+    @classmethod
+    def uniform(cls, fmt: str) -> GemmPrecision:
+        return cls(fmt, fmt, fmt)
+
+    def __getitem__(self, gemm: str) -> str:
+        return getattr(self, gemm)
+
+
+def fp4_flops_share(entries: Mapping[GemmId, str], linear_numel: Mapping[str, int]) -> float:
+    """Fraction of linear-layer training FLOPs whose GEMM runs in an FP4 format.
+
+    Each of a linear's three GEMMs costs 2·T·K·N FLOPs, so a GEMM's weight in the
+    share is its linear's K·N (``linear_numel[linear]``); T cancels. Embedding and
+    LM head are not linear-layer GEMMs here and are excluded.
+    """
+    total = sum(linear_numel[g.linear] for g in entries)
+    fp4 = sum(linear_numel[g.linear] for g, f in entries.items() if f in FP4_FORMATS)
+    return fp4 / total if total else 0.0
+
+
+@dataclass(frozen=True)
+class PrecisionPlan:
+    """Immutable GemmId -> format mapping with provenance.
+
+    ``entries`` is stored as a sorted tuple of (GemmId, format) pairs so the plan
+    is hashable and its JSON canonical.
+    """
+
+    entries: tuple[tuple[GemmId, str], ...]
+    step: int = 0
+    policy: str = "bf16"
+    fp4_flops_share: float = 0.0
+    objective: float | None = None
+    solver_status: str | None = None
+    extra: tuple[tuple[str, Any], ...] = field(default=())
+
+    @classmethod
+    def create(
+        cls,
+        entries: Mapping[GemmId, str],
+        linear_numel: Mapping[str, int],
+        *,
+        step: int = 0,
+        policy: str = "bf16",
+        objective: float | None = None,
+        solver_status: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> PrecisionPlan:
+        """Build a plan, computing its FP4 FLOP share from the linears' K·N sizes."""
+        for gid, fmt in entries.items():
+            if fmt not in FORMATS:
+                raise ValueError(f"plan entry {gid.key}={fmt!r} is not a known format {sorted(FORMATS)}")
+        return cls(
+            entries=tuple(sorted(entries.items())),
+            step=step,
+            policy=policy,
+            fp4_flops_share=fp4_flops_share(entries, linear_numel),
+            objective=objective,
+            solver_status=solver_status,
+            extra=tuple(sorted((extra or {}).items())),
+        )
+
+    @classmethod
+    def uniform(cls, fmt: str, num_layers: int, linear_numel: Mapping[str, int], **kw: Any) -> PrecisionPlan:
+        kw.setdefault("policy", f"uniform:{fmt}")
+        return cls.create({g: fmt for g in all_gemm_ids(num_layers)}, linear_numel, **kw)
+
+    # --- access -----------------------------------------------------------------
+    def as_dict(self) -> dict[GemmId, str]:
+        return dict(self.entries)
+
+    def gemm_ids(self) -> list[GemmId]:
+        return [g for g, _ in self.entries]
+
+    def for_linear(self, layer: int, linear: str) -> GemmPrecision:
+        d = self.as_dict()
+        try:
+            return GemmPrecision(*(d[GemmId(layer, linear, g)] for g in GEMMS))
+        except KeyError as e:
+            raise KeyError(f"plan has no entry for {e.args[0].key}") from None
+
+    def format_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for _, f in self.entries:
+            counts[f] = counts.get(f, 0) + 1
+        return counts
+
+    # --- validation -------------------------------------------------------------
+    def validate(self, expected: Iterable[GemmId]) -> None:
+        """Reject unknown and missing GEMMs (ValueError listing a few of each)."""
+        expected_set = set(expected)
+        have = {g for g, _ in self.entries}
+        unknown = sorted(have - expected_set)
+        missing = sorted(expected_set - have)
+        if unknown or missing:
+            msg = [f"precision plan (policy {self.policy!r}, step {self.step}) does not match the model:"]
+            if unknown:
+                msg.append(f"{len(unknown)} unknown GEMM(s), e.g. {[g.key for g in unknown[:4]]}")
+            if missing:
+                msg.append(f"{len(missing)} missing GEMM(s), e.g. {[g.key for g in missing[:4]]}")
+            msg.append("regenerate the plan for this model's num_layers")
+            raise ValueError("; ".join(msg))
+
+    # --- serialization ----------------------------------------------------------
+    def to_json_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "policy": self.policy,
+            "fp4_flops_share": self.fp4_flops_share,
+            "objective": self.objective,
+            "solver_status": self.solver_status,
+            "format_counts": self.format_counts(),
+            "hash": self.hash,
+            "extra": dict(self.extra),
+            "entries": {g.key: f for g, f in self.entries},
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_json_dict(), indent=1, sort_keys=False)
+
+    @classmethod
+    def from_json_dict(cls, d: Mapping[str, Any]) -> PrecisionPlan:
+        if "entries" not in d:
+            raise ValueError("plan JSON has no 'entries' object mapping '<layer>.<linear>.<gemm>' to a format")
+        entries = {GemmId.parse(k): v for k, v in d["entries"].items()}
+        for gid, fmt in entries.items():
+            if fmt not in FORMATS:
+                raise ValueError(f"plan entry {gid.key}={fmt!r} is not a known format {sorted(FORMATS)}")
+        plan = cls(
+            entries=tuple(sorted(entries.items())),
+            step=int(d.get("step", 0)),
+            policy=str(d.get("policy", "file")),
+            fp4_flops_share=float(d.get("fp4_flops_share", 0.0)),
+            objective=d.get("objective"),
+            solver_status=d.get("solver_status"),
+            extra=tuple(sorted(dict(d.get("extra") or {}).items())),
+        )
+        if "hash" in d and d["hash"] != plan.hash:
+            raise ValueError(f"plan JSON hash {d['hash']} does not match its contents ({plan.hash}); the file was edited or corrupted")
+        return plan
+
+    @classmethod
+    def load(cls, path: str | Path) -> PrecisionPlan:
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"precision plan file {str(path)!r} does not exist")
+        return cls.from_json_dict(json.loads(path.read_text()))
+
+    @property
+    def hash(self) -> str:
+        """sha256 (16 hex chars) of the canonical entries + step + policy; equal on every rank."""
+        canon = json.dumps(
+            {"step": self.step, "policy": self.policy, "entries": [[g.key, f] for g, f in self.entries]},
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+        return hashlib.sha256(canon.encode()).hexdigest()[:16]
+
+    def with_step(self, step: int) -> PrecisionPlan:
+        return PrecisionPlan(self.entries, step, self.policy, self.fp4_flops_share, self.objective, self.solver_status, self.extra)

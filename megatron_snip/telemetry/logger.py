@@ -1,0 +1,73 @@
+"""The one rank-0 logger: stdout lines, ``metrics.jsonl`` in the run directory, optional W&B.
+
+Only the rank constructed with ``is_writer=True`` (global rank 0) prints or writes; on every
+other rank each method is a no-op, so callers never branch on rank.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+
+class RunLogger:
+    """Writes ``<run_dir>/metrics.jsonl`` (one JSON object per logged step) and prints progress."""
+
+    def __init__(self, run_dir: str | Path, *, is_writer: bool, progress_total: int | None = None,
+                 progress_initial: int = 0, sinks: list[Any] | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.is_writer = is_writer
+        self.sinks = sinks or []  # extra sinks with log(step, dict) / close() (e.g. telemetry.wandb_sink)
+        self._bar = None
+        if is_writer:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._metrics = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
+            if progress_total:
+                self._bar = tqdm(total=progress_total, initial=progress_initial, unit="step", dynamic_ncols=True,
+                                 file=sys.stderr, mininterval=1.0)
+
+    def info(self, msg: str) -> None:
+        if not self.is_writer:
+            return
+        if self._bar is not None:
+            self._bar.write(msg)
+        else:
+            print(msg, flush=True)
+
+    def log_metrics(self, step: int, metrics: dict[str, Any]) -> None:
+        """Append one JSON line (one write call, so a reader never sees half a record)."""
+        if not self.is_writer:
+            return
+        record = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
+        self._metrics.write(json.dumps(record) + "\n")
+        for sink in self.sinks:
+            sink.log(step, record)
+
+    def progress(self, step: int, **postfix: Any) -> None:
+        if self._bar is None:
+            return
+        self._bar.n = step
+        self._bar.set_postfix({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in postfix.items()}, refresh=False)
+        self._bar.refresh()
+
+    def close(self) -> None:
+        if not self.is_writer:
+            return
+        if self._bar is not None:
+            self._bar.close()
+        self._metrics.close()
+        for sink in self.sinks:
+            sink.close()
+
+
+def _jsonable(v: Any) -> Any:
+    if hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)  # JSON has no NaN/Inf; keep it readable rather than invalid
+    return v

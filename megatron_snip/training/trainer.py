@@ -1,0 +1,302 @@
+"""The training loop: data -> forward/backward over micro-batches -> guarded AdamW step.
+
+One ``Trainer`` per rank. Everything it needs about parallelism comes from the
+``ParallelTopology`` it is given; collectives live in ``parallel/``. Precision only
+changes through ``apply_plan`` at a step boundary (house rule 2).
+
+Step semantics: optimizer step ``s`` (0-based) consumes global samples
+``[s*G, (s+1)*G)`` of the shuffled training windows (G = global batch). Those are
+split over DP ranks, then into micro-batches. The LR is a function of ``s``; a
+checkpoint taken after step ``s`` resumes at ``s+1`` with identical data, RNG and
+optimizer state, so resumed losses match uninterrupted ones bit for bit on CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from megatron_snip.config import Config
+from megatron_snip.data.pipeline import DataBundle, build_data
+from megatron_snip.model.llama import LlamaModel, count_parameters, cross_entropy_loss, linear_numel_of, pad_vocab
+from megatron_snip.parallel.topology import ParallelTopology
+from megatron_snip.precision.plan import GemmId, PrecisionPlan
+from megatron_snip.telemetry.logger import RunLogger
+from megatron_snip.training import checkpoint as ckpt
+from megatron_snip.training.lr import lr_at
+from megatron_snip.training.optim import build_optimizer
+
+
+class TrainingStopped(RuntimeError):
+    """Raised when the run cannot continue (e.g. too many consecutive non-finite steps)."""
+
+
+@dataclass
+class StepResult:
+    loss: float
+    grad_norm: float
+    skipped: bool
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("config training.device='cuda' but CUDA is not available; set training.device=cpu or auto")
+    return torch.device(name)
+
+
+def resolve_autocast_dtype(name: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype, or None for plain fp32. CPU default is fp32: exact, and bitwise-resumable."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else None
+    return torch.bfloat16 if name == "bfloat16" else None
+
+
+def resolve_initial_plan(cfg: Config, gemm_ids: list[GemmId], linear_numel: dict[str, int]) -> PrecisionPlan:
+    """``precision.initial_plan``: "bf16", "uniform:<format>", a baseline policy spec, or a plan JSON path."""
+    spec = cfg.precision.initial_plan
+    num_layers = cfg.model.num_layers
+    if spec.endswith(".json") or Path(spec).is_file():
+        plan = PrecisionPlan.load(spec)
+    elif spec == "bf16":
+        plan = PrecisionPlan.uniform("bf16", num_layers, linear_numel, policy="bf16")
+    elif spec.startswith("uniform:"):
+        plan = PrecisionPlan.uniform(spec.split(":", 1)[1], num_layers, linear_numel)
+    else:
+        from megatron_snip.snip.policies import PlanContext, make_plan, needs_costs
+
+        if needs_costs(spec):
+            raise ValueError(f"config precision.initial_plan={spec!r} needs statistics that exist only after "
+                             f"training starts; use it as snip.policy and start from 'bf16' or 'uniform:fp8'")
+        ctx = PlanContext(num_layers=num_layers, linear_numel=linear_numel, formats=tuple(cfg.snip.formats),
+                          fp4_target=cfg.snip.fp4_target, granularity=cfg.snip.granularity, seed=cfg.snip.seed)
+        plan = make_plan(spec, ctx)
+    plan.validate(gemm_ids)
+    return plan
+
+
+class Trainer:
+    """Trains one model replica shard (this rank's TP/PP piece) on its DP slice of the data."""
+
+    def __init__(self, cfg: Config, topo: ParallelTopology | None = None, logger: RunLogger | None = None) -> None:
+        self.topo = topo or ParallelTopology.single()
+        self.cfg = cfg.validate(self.topo.world_size)
+        t = cfg.training
+        self.run_dir = Path(t.run_dir)
+        self.ckpt_root = self.run_dir / "checkpoints"
+        self.device = resolve_device(t.device)
+        self.autocast_dtype = resolve_autocast_dtype(t.dtype, self.device)
+        self.is_writer = self.topo.rank == 0
+
+        self.data: DataBundle = build_data(cfg, is_writer=self.is_writer)
+        self.vocab_size = cfg.model.vocab_size or pad_vocab(self.data.tokenizer.vocab_size)
+        if self.vocab_size < self.data.tokenizer.vocab_size:
+            raise ValueError(f"config model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's "
+                             f"{self.data.tokenizer.vocab_size}; set it to 0 to take the tokenizer's")
+
+        torch.manual_seed(t.seed)
+        self.model = LlamaModel(cfg.model, self.vocab_size).to(self.device)
+        self.optimizer = build_optimizer(self.model, t, self.device)
+        # Stochastic rounding draws from one generator owned by the trainer and checkpointed.
+        self.quant_generator = torch.Generator(device=self.device).manual_seed(t.seed + 1)
+        self.model.set_quant_generator(self.quant_generator)
+        self.linear_numel = linear_numel_of(cfg.model)
+
+        self.step = 0  # optimizer steps completed
+        self.skipped_steps = 0
+        self.consecutive_skips = 0
+        self.plan_history: list[PrecisionPlan] = []
+        self.extra_state: dict[str, Any] = {}  # callbacks' checkpointed state (e.g. the SNIP controller's)
+        self.plan: PrecisionPlan = resolve_initial_plan(cfg, self.model.gemm_ids(), self.linear_numel)
+
+        self.logger = logger or RunLogger(self.run_dir, is_writer=self.is_writer,
+                                          progress_total=t.max_steps if t.progress else None)
+        if self.is_writer:
+            ckpt.atomic_write_text(self.run_dir / "config.toml", cfg.to_toml())
+        if t.resume:
+            self.load_latest()
+        self.apply_plan(self.plan, record=not t.resume)
+
+    # --- precision ----------------------------------------------------------------
+    def apply_plan(self, plan: PrecisionPlan, *, record: bool = True) -> None:
+        """Switch every linear to ``plan`` (call only between steps) and record it in the run dir."""
+        plan.validate(self.model.gemm_ids())
+        self.model.apply_plan(plan)
+        self.plan = plan
+        if record:
+            self.plan_history.append(plan)
+            if self.is_writer:
+                ckpt.atomic_write_text(self.run_dir / "plans" / f"step_{plan.step:06d}.json", plan.to_json())
+
+    # --- batches --------------------------------------------------------------------
+    @property
+    def micro_batches_per_step(self) -> int:
+        t = self.cfg.training
+        return t.global_batch_size // (t.micro_batch_size * self.topo.dp)
+
+    def micro_batches(self, step: int) -> list[torch.Tensor]:
+        """This DP rank's micro-batches (each (micro, seq_len+1) int64) for optimizer step ``step``."""
+        t = self.cfg.training
+        per_rank = t.global_batch_size // self.topo.dp
+        start = step * t.global_batch_size + self.topo.dp_rank * per_rank
+        batch = self.data.train.batch(start, per_rank).to(self.device)
+        return list(batch.split(t.micro_batch_size))
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def forward_loss(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Mean cross entropy of one micro-batch (B, S+1)."""
+        with self._autocast():
+            logits = self.model(tokens[:, :-1])
+        return cross_entropy_loss(logits, tokens[:, 1:])
+
+    # --- one step ---------------------------------------------------------------------
+    def train_step(self, step: int) -> StepResult:
+        """Forward/backward over all micro-batches, then a guarded optimizer step."""
+        lr = lr_at(step, self.cfg.training)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.zero_grad(set_to_none=True)
+        micro = self.micro_batches(step)
+        total = torch.zeros((), device=self.device)
+        for tokens in micro:
+            loss = self.forward_loss(tokens) / len(micro)
+            loss.backward()
+            total += loss.detach()
+        clip = self.cfg.training.grad_clip or math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip, foreach=True)
+        loss_value, norm_value = float(total), float(grad_norm)
+        if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
+            # NaN/Inf guard: leave weights and optimizer state untouched.
+            self.optimizer.zero_grad(set_to_none=True)
+            return StepResult(loss_value, norm_value, skipped=True)
+        self.optimizer.step()
+        return StepResult(loss_value, norm_value, skipped=False)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Mean validation loss over ``eval_batches`` fixed batches per validation set, in the current plan."""
+        t = self.cfg.training
+        out = {}
+        self.model.eval()
+        for name, ds in self.data.valid.items():
+            losses = []
+            for i in range(t.eval_batches):
+                tokens = ds.batch(i * t.micro_batch_size, t.micro_batch_size).to(self.device)
+                losses.append(float(self.forward_loss(tokens)))
+            key = "val_loss" if name == "valid" else f"val_loss_{name}"
+            out[key] = sum(losses) / len(losses)
+        self.model.train()
+        if "val_loss" in out:
+            out["val_ppl"] = math.exp(min(out["val_loss"], 50.0))
+        return out
+
+    # --- loop -----------------------------------------------------------------------
+    def fit(self, callbacks: list[Any] | None = None) -> dict[str, float]:
+        """Train from ``self.step`` to ``max_steps``; returns the last evaluation."""
+        t = self.cfg.training
+        callbacks = callbacks or []
+        tokens_per_step = t.global_batch_size * t.seq_len
+        if self.step == 0:
+            self.logger.info(f"model: {count_parameters(self.model) / 1e6:.2f}M parameters, vocab {self.vocab_size}, "
+                             f"{self.topo.describe()}, device {self.device}, autocast {self.autocast_dtype}, "
+                             f"plan {self.plan.policy} (FP4 share {self.plan.fp4_flops_share:.2f})")
+        last_eval: dict[str, float] = {}
+        while self.step < t.max_steps:
+            step = self.step
+            for cb in callbacks:
+                cb.before_step(self, step)
+            t0 = time.perf_counter()
+            res = self.train_step(step)
+            dt = time.perf_counter() - t0
+            self.step = step + 1
+            if res.skipped:
+                self.skipped_steps += 1
+                self.consecutive_skips += 1
+                self.logger.info(f"step {step}: non-finite loss={res.loss} grad_norm={res.grad_norm}; step skipped "
+                                 f"({self.consecutive_skips} in a row, {self.skipped_steps} total)")
+                if self.consecutive_skips >= t.max_consecutive_skips:
+                    raise TrainingStopped(
+                        f"{self.consecutive_skips} consecutive non-finite steps (training.max_consecutive_skips="
+                        f"{t.max_consecutive_skips}) at step {step}; weights are those of the last good step. "
+                        f"Lower training.lr, raise precision (e.g. precision.initial_plan=bf16) or check the data")
+            else:
+                self.consecutive_skips = 0
+            metrics: dict[str, Any] = {}
+            if self.step % t.log_interval == 0 or res.skipped or self.step == t.max_steps:
+                metrics.update(loss=res.loss, lr=lr_at(step, t), grad_norm=res.grad_norm, step_time_s=dt,
+                               tokens_per_s=tokens_per_step / dt, skipped_steps=self.skipped_steps,
+                               fp4_share=self.plan.fp4_flops_share)
+            if self.step % t.eval_interval == 0 or self.step == t.max_steps:
+                last_eval = self.evaluate()
+                metrics.update(last_eval)
+                self.logger.info(f"step {self.step}: " + " ".join(f"{k}={v:.4f}" for k, v in last_eval.items()))
+            if metrics:
+                self.logger.log_metrics(self.step, metrics)
+            self.logger.progress(self.step, loss=res.loss, tok_s=int(tokens_per_step / dt))
+            if (t.save_interval and self.step % t.save_interval == 0) or self.step == t.max_steps:
+                self.save()
+            for cb in callbacks:
+                cb.after_step(self, step)
+        return last_eval
+
+    # --- checkpoints ----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "step": self.step,
+            "skipped_steps": self.skipped_steps,
+            "consecutive_skips": self.consecutive_skips,
+            "rng_cpu": torch.get_rng_state(),
+            "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "quant_generator": self.quant_generator.get_state(),
+            "plan": self.plan.to_json_dict(),
+            "plan_history": [p.to_json_dict() for p in self.plan_history],
+            "extra": self.extra_state,
+        }
+
+    def save(self) -> None:
+        """Write this rank's shard, then (rank 0) commit the checkpoint atomically."""
+        if self.topo.dp_rank == 0:
+            ckpt.write_shard(self.ckpt_root, self.step, self.state_dict(), self.topo.tp_rank, self.topo.pp_rank)
+        if self.is_writer:
+            meta = {"step": self.step, "tp": self.topo.tp, "pp": self.topo.pp, "dp": self.topo.dp,
+                    "plan_hash": self.plan.hash, "time": time.time()}
+            ckpt.commit(self.ckpt_root, self.step, meta, keep=self.cfg.training.keep_checkpoints)
+
+    def load_latest(self) -> None:
+        step = ckpt.latest_checkpoint(self.ckpt_root)
+        if step is None:
+            self.logger.info(f"training.resume=true but no checkpoint in {self.ckpt_root}; starting from scratch")
+            return
+        meta = ckpt.read_meta(self.ckpt_root, step)
+        if (meta.get("tp", 1), meta.get("pp", 1)) != (self.topo.tp, self.topo.pp):
+            raise ValueError(f"checkpoint {ckpt.step_dir(self.ckpt_root, step)} was saved with tp={meta.get('tp')} "
+                             f"pp={meta.get('pp')}, this run has parallel.tp={self.topo.tp} parallel.pp={self.topo.pp}; "
+                             f"resume with the same layout")
+        state = ckpt.read_shard(self.ckpt_root, step, self.topo.tp_rank, self.topo.pp_rank)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = state["step"]
+        self.skipped_steps = state["skipped_steps"]
+        self.consecutive_skips = state["consecutive_skips"]
+        torch.set_rng_state(state["rng_cpu"])
+        if state["rng_cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng_cuda"])
+        self.quant_generator.set_state(state["quant_generator"])
+        self.plan = PrecisionPlan.from_json_dict(state["plan"])
+        self.plan_history = [PrecisionPlan.from_json_dict(p) for p in state["plan_history"]]
+        self.extra_state = dict(state.get("extra") or {})
+        self.logger.info(f"resumed from step {self.step} ({ckpt.step_dir(self.ckpt_root, step)}), plan {self.plan.policy} "
+                         f"hash {self.plan.hash}")

@@ -1,0 +1,36 @@
+"""megatron_snip: Megatron-style Llama pretraining with SNIP adaptive per-GEMM precision.
+
+CPU install (the pin takes the local CPU wheel, not a multi-GB CUDA build):
+    pip install torch==2.13.0 && pip install -e ".[dev]"
+GPU install: install a CUDA build of torch first (https://pytorch.org), then
+    pip install -e ".[gpu]"   # adds transformer-engine[pytorch]
+NVIDIA apex is optional and must be built from source (github.com/NVIDIA/apex); it is not on PyPI.
+"""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="megatron_snip",
+    version="0.1.0",
+    description="Megatron-style Llama pretraining that picks BF16/FP8/FP4 per GEMM with SNIP",
+    python_requires=">=3.10",
+    packages=find_packages(include=["megatron_snip", "megatron_snip.*"]),
+    package_data={"megatron_snip.data": ["sample/*"]},
+    include_package_data=True,
+    install_requires=[
+        # torch is deliberately unpinned here: CPU users pin torch==2.13.0 before installing
+        # (see README); GPU users bring their CUDA build. >=2.5 for enable_gqa in SDPA.
+        "torch>=2.5",
+        "numpy>=1.24",
+        "ortools>=9.10",
+        "tokenizers>=0.15",
+        "tqdm>=4.60",
+        "matplotlib>=3.7",
+        "wandb>=0.17",
+    ],
+    extras_require={
+        "dev": ["pytest>=7", "ml_dtypes>=0.4", "scipy>=1.10"],
+        "gpu": ["transformer-engine[pytorch]>=2.8"],
+    },
+    entry_points={"console_scripts": ["megatron-snip=megatron_snip.train:main"]},
+)
