@@ -193,19 +193,25 @@ class TrainingConfig:
 class DataConfig:
     """Corpus and tokenizer."""
 
-    train_path: str = "bundled:sotu"  # JSONL file, an indexed prefix (path without .bin/.idx), or bundled:<name>
-    valid_path: str = ""  # optional held-out JSONL/prefix from another domain; "" = split from train
-    valid_fraction: float = 0.02  # documents of train_path held out for validation when valid_path is ""
+    train_path: str = "bundled:sotu"  # JSONL file (plain or .gz), an indexed .bin/.idx prefix, or bundled:<name>
+    split: str = "98,2,0"  # train,valid,test weights: documents of train_path held out for "val_loss"
+    valid_paths: tuple[str, ...] = ("bundled:moby_dick",)  # extra held-out corpora, logged as val_loss_<name>
     tokenizer: str = "byte"  # "byte" (no training) or "bpe" (HF byte-level BPE)
-    tokenizer_path: str = ""  # bpe: tokenizer.json to load, or where to save the trained one
+    tokenizer_path: str = ""  # bpe: tokenizer.json to load, or where to save the one trained on train_path
     bpe_vocab_size: int = 4096
+    json_key: str = "text"
     cache_dir: str = ""  # where tokenized corpora are cached ("" = ~/.cache/megatron_snip)
 
     def __post_init__(self) -> None:
         if self.tokenizer not in ("byte", "bpe"):
             raise _err("data.tokenizer", self.tokenizer, "choose 'byte' or 'bpe'")
-        if not 0.0 < self.valid_fraction < 0.5:
-            raise _err("data.valid_fraction", self.valid_fraction, "must be in (0, 0.5)")
+        parts = self.split.split(",")
+        try:
+            weights = [float(x) for x in parts]
+        except ValueError:
+            weights = []
+        if not 2 <= len(weights) <= 3 or any(w < 0 for w in weights) or weights[0] <= 0 or sum(weights[1:]) <= 0:
+            raise _err("data.split", self.split, "give train,valid[,test] weights like '98,2' with train > 0 and valid > 0")
         if self.bpe_vocab_size < 300:
             raise _err("data.bpe_vocab_size", self.bpe_vocab_size, "must be >= 300 (256 bytes + merges)")
         if not self.train_path:

@@ -160,6 +160,17 @@ class Trainer:
             logits = self.model(tokens[:, :-1])
         return cross_entropy_loss(logits, tokens[:, 1:])
 
+    def forward_backward(self, micro: list[torch.Tensor]) -> torch.Tensor:
+        """Accumulate gradients of the mean loss over ``micro`` (this rank's micro-batches,
+        each (B, S+1)); returns that mean loss (detached scalar). No optimizer step - the SNIP
+        statistics pass reuses this on its probe batches."""
+        total = torch.zeros((), device=self.device)
+        for tokens in micro:
+            loss = self.forward_loss(tokens) / len(micro)
+            loss.backward()
+            total += loss.detach()
+        return total
+
     # --- one step ---------------------------------------------------------------------
     def train_step(self, step: int) -> StepResult:
         """Forward/backward over all micro-batches, then a guarded optimizer step."""
@@ -167,12 +178,7 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
-        micro = self.micro_batches(step)
-        total = torch.zeros((), device=self.device)
-        for tokens in micro:
-            loss = self.forward_loss(tokens) / len(micro)
-            loss.backward()
-            total += loss.detach()
+        total = self.forward_backward(self.micro_batches(step))
         clip = self.cfg.training.grad_clip or math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip, foreach=True)
         loss_value, norm_value = float(total), float(grad_norm)

@@ -1,0 +1,24 @@
+"""Wire a run together: topology, logger, trainer, SNIP controller; print the outcome."""
+
+from __future__ import annotations
+
+from megatron_snip.config import Config
+from megatron_snip.training.trainer import Trainer
+
+
+def run_training(cfg: Config) -> dict[str, float]:
+    """Train as ``cfg`` says; returns the final evaluation (val losses)."""
+    trainer = Trainer(cfg)
+    callbacks = []
+    if cfg.snip.enabled:
+        from megatron_snip.snip.controller import SnipController
+
+        callbacks.append(SnipController(cfg, trainer))
+    try:
+        final = trainer.fit(callbacks)
+        for cb in callbacks:
+            cb.on_train_end(trainer)
+        trainer.logger.info("final: " + " ".join(f"{k}={v:.4f}" for k, v in final.items()))
+        return final
+    finally:
+        trainer.logger.close()
