@@ -194,7 +194,7 @@ class DataConfig:
     """Corpus and tokenizer."""
 
     train_path: str = "bundled:sotu"  # JSONL file (plain or .gz), an indexed .bin/.idx prefix, or bundled:<name>
-    split: str = "98,2,0"  # train,valid,test weights: documents of train_path held out for "val_loss"
+    split: str = "95,5"  # train,valid,test weights: documents of train_path held out for "val_loss"
     valid_paths: tuple[str, ...] = ("bundled:moby_dick",)  # extra held-out corpora, logged as val_loss_<name>
     tokenizer: str = "byte"  # "byte" (no training) or "bpe" (HF byte-level BPE)
     tokenizer_path: str = ""  # bpe: tokenizer.json to load, or where to save the one trained on train_path
