@@ -1,0 +1,152 @@
+"""The SNIP controller: periodic re-planning at step boundaries.
+
+A trainer callback. At step ``snip.warmup`` and every ``snip.interval`` steps after it,
+before that step's forward pass:
+
+    collect statistics (snip/stats.py) -> costs (snip/metrics.py) -> policy / ILP
+    (snip/policies.py) -> trainer.apply_plan(plan)
+
+Baseline policies go through the same path (static ones skip the statistics).
+Each plan is written to ``<run_dir>/plans/step_<N>.json`` (by the trainer), its statistics
+snapshot next to it as ``step_<N>_stats.json``, and a PNG precision map as ``step_<N>.png``.
+A failed or timed-out solve keeps the previous plan and says why. The schedule is a
+function of the step and the plan is checkpointed by the trainer, so a resumed run
+continues with the same plan and the same re-plan steps.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from megatron_snip.config import Config
+from megatron_snip.model.llama import linear_numel_of
+from megatron_snip.precision.plan import PrecisionPlan
+from megatron_snip.snip import ilp
+from megatron_snip.snip.metrics import predicted_divergence, relative_error_costs, snip_costs
+from megatron_snip.snip.policies import PlanContext, SolveTimeoutError, make_plan, parse_policy
+from megatron_snip.snip.stats import ProbeConfig, StatsCollector
+from megatron_snip.training.checkpoint import atomic_write_text
+
+
+def is_replan_step(step: int, warmup: int, interval: int) -> bool:
+    """Re-plan at warmup, warmup + interval, warmup + 2*interval, ..."""
+    return step >= warmup and (step - warmup) % interval == 0
+
+
+class SnipController:
+    """Trainer callback making and applying precision plans (see module docstring)."""
+
+    def __init__(self, cfg: Config, trainer: Any) -> None:
+        self.cfg = cfg
+        s = cfg.snip
+        self.policy = s.policy
+        self.spec = parse_policy(s.policy)  # ValueError on a bad spec, before training starts
+        ilp.check_feasible(s.formats, s.fp4_target)
+        self.collector = StatsCollector(ProbeConfig(formats=tuple(s.formats), noise_draws=s.noise_draws, seed=s.seed))
+        self.plans_dir = Path(cfg.training.run_dir) / "plans"
+        self.linear_numel = linear_numel_of(cfg.model)
+        self.replans = 0
+
+    # --- callback API -----------------------------------------------------------------
+    def before_step(self, trainer: Any, step: int) -> None:
+        s = self.cfg.snip
+        if is_replan_step(step, s.warmup, s.interval):
+            self.replan(trainer, step)
+
+    def after_step(self, trainer: Any, step: int) -> None:
+        pass
+
+    def on_train_end(self, trainer: Any) -> None:
+        if not trainer.is_writer:
+            return
+        from megatron_snip.telemetry.plots import plot_precision_map, plot_timeline
+
+        plot_precision_map(trainer.plan, Path(self.cfg.training.run_dir) / "precision_map.png",
+                           title=f"final plan ({trainer.plan.policy}, step {trainer.plan.step})")
+        plot_timeline(trainer.plan_history, Path(self.cfg.training.run_dir) / "timeline.png")
+
+    # --- one re-plan ----------------------------------------------------------------------
+    def needs_stats(self) -> bool:
+        return self.spec.name in ("snip", "min_rel_err")
+
+    def probe_batches(self, trainer: Any, step: int) -> list[torch.Tensor]:
+        """``snip.probe_batches`` micro-batches starting at this step's data (this DP rank's share)."""
+        t = self.cfg.training
+        n = self.cfg.snip.probe_batches
+        start = step * t.global_batch_size + trainer.topo.dp_rank * n * t.micro_batch_size
+        return [trainer.data.train.batch(start + i * t.micro_batch_size, t.micro_batch_size).to(trainer.device)
+                for i in range(n)]
+
+    def replan(self, trainer: Any, step: int) -> PrecisionPlan:
+        """Collect -> metrics -> solve -> apply. Returns the plan in force afterwards."""
+        s = self.cfg.snip
+        timings: dict[str, float] = {}
+        t0 = time.perf_counter()
+        snapshot = None
+        costs = None
+        if self.needs_stats():
+            snapshot = self.collector.collect(trainer, self.probe_batches(trainer, step), step)
+            timings.update({f"stats_{k}": v for k, v in snapshot["timings"].items()})
+            timings["stats_s"] = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            costs = (snip_costs(snapshot, s.weight_divergence_weight) if self.spec.name == "snip"
+                     else relative_error_costs(snapshot))
+            timings["metrics_s"] = time.perf_counter() - t1
+        ctx = PlanContext(num_layers=self.cfg.model.num_layers, linear_numel=self.linear_numel, formats=tuple(s.formats),
+                          fp4_target=s.fp4_target, granularity=s.granularity, seed=s.seed, step=step,
+                          max_deterministic_time=s.solver_max_time,
+                          stage_of_layer=stage_map(self.cfg.model.num_layers, self.cfg.parallel.pp))
+        t1 = time.perf_counter()
+        previous = trainer.plan
+        try:
+            plan = make_plan(self.policy, ctx, costs, previous=previous if previous.policy == self.policy else None)
+        except (SolveTimeoutError, ilp.InfeasibleError) as e:
+            trainer.logger.info(f"re-plan at step {step}: solve failed ({e}); keeping the previous plan {previous.hash}")
+            return previous
+        timings["solve_s"] = time.perf_counter() - t1
+        if plan.solver_status == "TIMEOUT":
+            trainer.logger.info(f"re-plan at step {step}: CP-SAT timed out without a solution; keeping plan {plan.hash}")
+            return plan
+        t1 = time.perf_counter()
+        trainer.apply_plan(plan)
+        timings["apply_s"] = time.perf_counter() - t1
+        timings["replan_total_s"] = time.perf_counter() - t0
+        self.replans += 1
+        predicted = predicted_divergence(costs, plan.as_dict()) if costs is not None else None
+        self._record(trainer, plan, snapshot, timings, predicted)
+        return plan
+
+    def _record(self, trainer: Any, plan: PrecisionPlan, snapshot: dict | None, timings: dict[str, float],
+                predicted: float | None) -> None:
+        step = plan.step
+        changed = "" if len(trainer.plan_history) < 2 else \
+            f", {sum(a != b for (_, a), (_, b) in zip(trainer.plan_history[-2].entries, plan.entries))} GEMMs changed"
+        trainer.logger.info(
+            f"re-plan at step {step}: policy {plan.policy}, FP4 share {plan.fp4_flops_share:.3f}, "
+            f"formats {plan.format_counts()}, objective {plan.objective if plan.objective is None else round(plan.objective, 4)}"
+            f" ({plan.solver_status}){changed}, took {timings['replan_total_s']:.2f}s")
+        metrics = {"replan_fp4_share": plan.fp4_flops_share, **{f"replan_{k}": v for k, v in timings.items()}}
+        if predicted is not None:
+            metrics["predicted_divergence"] = predicted
+        trainer.logger.log_metrics(step, metrics)
+        trainer.extra_state["snip"] = {"replans": self.replans, "last_timings": timings, "last_stats": snapshot}
+        if not trainer.is_writer:
+            return
+        if snapshot is not None:
+            atomic_write_text(self.plans_dir / f"step_{step:06d}_stats.json", json.dumps(snapshot))
+        from megatron_snip.telemetry.plots import plot_precision_map
+
+        plot_precision_map(plan, self.plans_dir / f"step_{step:06d}.png")
+
+
+def stage_map(num_layers: int, pp: int) -> dict[int, int] | None:
+    """layer -> pipeline stage for an even split, or None with one stage."""
+    if pp <= 1:
+        return None
+    per = num_layers // pp
+    return {layer: layer // per for layer in range(num_layers)}

@@ -1,0 +1,120 @@
+"""SNIP divergence metrics from a statistics snapshot (pure: no ranks, logging or clocks).
+
+For linear ℓ and candidate format f (notation of docs/snip.md; n probe micro-batches,
+each with its own loss L_b, G_b = ∂L_b/∂Y_b):
+
+    loss divergence    ΔL(ℓ,f) = (1/n) Σ_b |<G_b, e_Y,b(f)>|  +  ½ · max(κ_ℓ, 0) · (1/n) Σ_b ‖e_Y,b(f)‖²
+    weight divergence  ΔW(ℓ,f) = ΔW_wgrad + ΔW_dgrad, both relative to ‖u‖ = ‖ḡ ⊘ (√v̂+eps)‖:
+        ΔW_wgrad = ‖ē_dW(f) ⊘ (√v̂+eps)‖ / ‖u‖          (this layer's own update error)
+        ΔW_dgrad = γ_ℓ · ‖ē_dX(f)‖ / ‖u‖               (error propagated to earlier layers)
+
+where κ_ℓ = curv_num / curv_den (Hutchinson, antithetic), γ_ℓ = sqrt(prop_num / prop_den)
+(preconditioned gain of a unit upstream gradient), ḡ, ē the probe-mean gradient and errors.
+Each metric is then divided by its total over all linears at the harshest candidate
+format, so both are fractions of comparable size, and the cost of a GEMM is
+
+    fprop: ΔL_norm,   dgrad: λ·ΔW_dgrad_norm,   wgrad: λ·ΔW_wgrad_norm.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from megatron_snip.precision.plan import GemmId
+
+
+@dataclass(frozen=True)
+class LinearDivergence:
+    """Un-normalized divergences of one linear in one format."""
+
+    loss_first_order: float
+    loss_second_order: float
+    weight_wgrad: float
+    weight_dgrad: float
+
+    @property
+    def loss(self) -> float:
+        return self.loss_first_order + self.loss_second_order
+
+    @property
+    def weight(self) -> float:
+        return self.weight_wgrad + self.weight_dgrad
+
+
+def curvature(s: Mapping[str, Any]) -> float:
+    return s["curv_num"] / s["curv_den"] if s["curv_den"] > 0 else 0.0
+
+
+def propagation_gain(s: Mapping[str, Any]) -> float:
+    return math.sqrt(s["prop_num"] / s["prop_den"]) if s["prop_den"] > 0 else 0.0
+
+
+def linear_divergences(snapshot: Mapping[str, Any]) -> dict[str, dict[str, LinearDivergence]]:
+    """{"<layer>.<linear>": {format: LinearDivergence}} before normalization."""
+    n = snapshot["num_probe_batches"] * snapshot.get("replicas", 1)
+    update_norm = math.sqrt(snapshot["total_sq_update"]) or 1.0
+    out: dict[str, dict[str, LinearDivergence]] = {}
+    for key, s in snapshot["linears"].items():
+        kappa, gamma = max(curvature(s), 0.0), propagation_gain(s)
+        out[key] = {
+            f: LinearDivergence(
+                loss_first_order=pf["abs_grad_dot_ey"] / n,
+                loss_second_order=0.5 * kappa * pf["sq_ey"] / n,
+                weight_wgrad=math.sqrt(pf["sq_edw_precond"]) / update_norm,
+                weight_dgrad=gamma * math.sqrt(pf["sq_edx"]) / n / update_norm,
+            )
+            for f, pf in s["per_format"].items()
+        }
+    return out
+
+
+def _normalizer(values: dict[str, dict[str, float]]) -> float:
+    """Total over linears at the harshest format (the one with the largest total)."""
+    formats = next(iter(values.values())).keys()
+    total = max(sum(v[f] for v in values.values()) for f in formats)
+    return total if total > 0 else 1.0
+
+
+def snip_costs(snapshot: Mapping[str, Any], weight_divergence_weight: float = 1.0) -> dict[GemmId, dict[str, float]]:
+    """Normalized cost of each GEMM in each format, for the ILP."""
+    div = linear_divergences(snapshot)
+    loss = {k: {f: d.loss for f, d in v.items()} for k, v in div.items()}
+    weight = {k: {f: d.weight for f, d in v.items()} for k, v in div.items()}
+    zl, zw = _normalizer(loss), _normalizer(weight)
+    lam = weight_divergence_weight
+    costs: dict[GemmId, dict[str, float]] = {}
+    for key, per_f in div.items():
+        layer, linear = _split(key)
+        costs[GemmId(layer, linear, "fprop")] = {f: d.loss / zl for f, d in per_f.items()}
+        costs[GemmId(layer, linear, "dgrad")] = {f: lam * d.weight_dgrad / zw for f, d in per_f.items()}
+        costs[GemmId(layer, linear, "wgrad")] = {f: lam * d.weight_wgrad / zw for f, d in per_f.items()}
+    return costs
+
+
+def relative_error_costs(snapshot: Mapping[str, Any]) -> dict[GemmId, dict[str, float]]:
+    """The local-error baseline: relative error of each GEMM's output in each format."""
+    costs: dict[GemmId, dict[str, float]] = {}
+    for key, s in snapshot["linears"].items():
+        layer, linear = _split(key)
+        pfs = s["per_format"]
+        costs[GemmId(layer, linear, "fprop")] = {f: _rel(pf["sq_ey"], s["sq_y"]) for f, pf in pfs.items()}
+        costs[GemmId(layer, linear, "dgrad")] = {f: _rel(pf["sq_edx"], s["sq_dx"]) for f, pf in pfs.items()}
+        costs[GemmId(layer, linear, "wgrad")] = {f: _rel(pf["sq_edw"], s["sq_dw"]) for f, pf in pfs.items()}
+    return costs
+
+
+def predicted_divergence(costs: Mapping[GemmId, Mapping[str, float]], assignment: Mapping[GemmId, str]) -> float:
+    """Σ cost of the assigned formats - the ILP objective of an assignment."""
+    return sum(costs[g][f] for g, f in assignment.items() if g in costs)
+
+
+def _rel(sq_err: float, sq_ref: float) -> float:
+    return math.sqrt(sq_err / sq_ref) if sq_ref > 0 else 0.0
+
+
+def _split(key: str) -> tuple[int, str]:
+    layer, linear = key.split(".")
+    return int(layer), linear

@@ -1,0 +1,326 @@
+"""SNIP statistics: what each linear's GEMMs would lose in each candidate format.
+
+Collected on probe micro-batches at a step boundary, with every GEMM temporarily in
+BF16 (the reference trajectory). Three passes (docs/snip.md derives what each feeds):
+
+1. **Reference pass** - one forward+backward per probe micro-batch. Each linear
+   records X (T, K), its output Y (T, N) and G = dL/dY (T, N); with W (N, K) the
+   errors of all three GEMMs in every candidate format are *measured* by running
+   the real quantized GEMM (``PrecisionLinear.local_gemm``) on the stored tensors:
+   e_Y = Q(X)Q(W)ᵀ - XWᵀ, e_dX = Q(G)Q(W) - GW, e_dW = Q(G)ᵀQ(X) - GᵀX.
+2. **Forward-noise pass** - antithetic Gaussian noise ±ε added to every linear's Y
+   at once; the change of G gives the curvature κ ≈ <ε, G(+ε) - G(-ε)> / (2‖ε‖²)
+   (Hutchinson; the cross-terms between layers have zero mean).
+3. **Backward-noise pass** - for each linear, Gaussian noise ε as the upstream
+   gradient of its input X, back-propagated through the stored graph to every
+   earlier parameter (exact: backprop is linear in the upstream gradient);
+   preconditioned by AdamW's √v̂ it gives the propagation gain
+   γ = ‖δg ⊘ (√v̂+eps)‖ / ‖ε‖.
+
+Every quantity is stored as an *additive* sum (squared norms, dot products,
+numerators and denominators) so that snapshots can be summed over TP shards and DP
+replicas before ``snip/metrics.py`` turns them into divergences. A snapshot is a
+plain JSON-serializable dict (``StatsSnapshot``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from megatron_snip.model.layers import PrecisionLinear
+from megatron_snip.precision.plan import GemmPrecision
+
+BF16 = GemmPrecision()
+
+# Keys of the per-format additive sums (see metrics.py for how each is used).
+PER_FORMAT_KEYS = (
+    "grad_dot_ey",  # sum_b <G_b, e_Y,b>            (signed first-order loss change, per batch)
+    "abs_grad_dot_ey",  # sum_b |<G_b, e_Y,b>|
+    "sq_ey",  # sum_b ‖e_Y,b‖²
+    "sq_edx",  # sum_b ‖e_dX,b‖²
+    "sq_edw",  # ‖sum_b e_dW,b‖² (error of the probe-batch gradient)
+    "sq_edw_precond",  # ‖(sum_b e_dW,b)/n ⊘ (√v̂+eps)‖²  (wgrad update error, AdamW-preconditioned)
+    "sq_qerr_x",  # sum_b ‖Q(X)-X‖²  (operand errors, fprop blocking)
+    "sq_qerr_w",  # ‖Q(W)-W‖²
+    "sq_qerr_g",  # sum_b ‖Q(G)-G‖²  (dgrad blocking)
+)
+
+
+@dataclass
+class _Record:
+    """Per-linear scratch for one probe micro-batch."""
+
+    x: torch.Tensor | None = None  # (T, K) detached input
+    x_graph: torch.Tensor | None = None  # the input as a node of the autograd graph (pass 3)
+    g: torch.Tensor | None = None  # (T, N) dL/dY
+    noise: torch.Tensor | None = None  # (T, N) forward noise of the current draw
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, t.shape[-1]).float()
+
+
+def adam_denominator(optimizer: torch.optim.Optimizer, param: torch.Tensor, fallback_grad: torch.Tensor) -> torch.Tensor:
+    """√v̂ + eps of AdamW for ``param`` (bias-corrected); before the first step, |g| + eps
+    (what Adam's first update divides by)."""
+    group = next(g for g in optimizer.param_groups if any(p is param for p in g["params"]))
+    eps, beta2 = group["eps"], group["betas"][1]
+    state = optimizer.state.get(param) or {}
+    if "exp_avg_sq" not in state:
+        return fallback_grad.abs() + eps
+    step = float(state["step"])
+    v_hat = state["exp_avg_sq"] / (1.0 - beta2**step)
+    return v_hat.sqrt() + eps
+
+
+@dataclass
+class ProbeConfig:
+    formats: tuple[str, ...]
+    noise_draws: int = 2
+    propagation_sequences: int = 2  # sequences of the first probe micro-batch used by pass 3
+    seed: int = 0
+
+
+class StatsCollector:
+    """Runs the three passes on a trainer's model and returns a ``snapshot`` dict.
+
+    Works on one pipeline stage's linears (all of them when pp == 1). The caller
+    reduces snapshots over TP/DP (``reduce_snapshot`` in the controller) before the
+    metrics. Gradients produced here are discarded; model precisions are restored.
+    """
+
+    def __init__(self, probe_cfg: ProbeConfig) -> None:
+        self.cfg = probe_cfg
+
+    # --- probes installed on PrecisionLinear.probe -------------------------------------
+    @contextlib.contextmanager
+    def _probes(self, linears: list[PrecisionLinear], mode: str, records: dict[str, _Record]) -> Iterator[None]:
+        def make(rec: _Record):
+            def probe(module: PrecisionLinear, x: torch.Tensor) -> torch.Tensor:
+                y = module.local_gemm(x, BF16)
+                if mode == "record":
+                    rec.x = x.detach()
+                    rec.x_graph = x
+                elif mode == "noise" and rec.noise is not None:
+                    y = y + rec.noise.view_as(y).to(y.dtype)
+                if y.requires_grad:
+                    y.register_hook(lambda g: setattr(rec, "g", g.detach()))
+                return y
+
+            return probe
+
+        for lin in linears:
+            lin.probe = make(records[key_of(lin)])
+        try:
+            yield
+        finally:
+            for lin in linears:
+                lin.probe = None
+
+    # --- the passes ------------------------------------------------------------------------
+    def collect(self, trainer: Any, probe_batches: list[torch.Tensor], step: int) -> dict[str, Any]:
+        """Statistics of ``trainer.model`` on ``probe_batches`` (each (B, S+1) tokens)."""
+        model, optimizer = trainer.model, trainer.optimizer
+        linears = list(model.precision_linears())
+        keys = [key_of(lin) for lin in linears]
+        gen = torch.Generator(device=trainer.device).manual_seed(self.cfg.seed * 1_000_003 + step)
+        n = len(probe_batches)
+        sums: dict[str, dict[str, Any]] = {k: _empty_linear_sums(lin, self.cfg.formats) for k, lin in zip(keys, linears)}
+        edw_acc: dict[str, dict[str, torch.Tensor]] = {k: {} for k in keys}
+        timings: dict[str, float] = {}
+        optimizer.zero_grad(set_to_none=True)
+
+        # Pass 1: reference forward/backward and measured GEMM errors per format.
+        t0 = time.perf_counter()
+        losses = []
+        for tokens in probe_batches:
+            records = {k: _Record() for k in keys}
+            with self._probes(linears, "record", records):
+                losses.append(float(trainer.forward_backward([tokens])))
+            for k, lin in zip(keys, linears):
+                self._measure_errors(lin, records[k], sums[k], edw_acc[k], gen)
+        grads = {id(p): p.grad.detach() / n for p in model.parameters() if p.grad is not None}
+        timings["reference_pass_s"] = time.perf_counter() - t0
+
+        # AdamW preconditioning: wgrad update errors and the reference update norm.
+        total_sq_update = 0.0
+        denominators: dict[int, torch.Tensor] = {}
+        for p in model.parameters():
+            if id(p) not in grads:
+                continue
+            denom = adam_denominator(optimizer, p, grads[id(p)])
+            denominators[id(p)] = denom
+            total_sq_update += float((grads[id(p)] / denom).pow(2).sum())
+        for k, lin in zip(keys, linears):
+            denom = denominators[id(lin.weight)]
+            s = sums[k]
+            s["sq_dw"] = float(grads[id(lin.weight)].pow(2).sum()) * n * n
+            s["sq_dw_precond"] = float((grads[id(lin.weight)] / denom).pow(2).sum())
+            for f, e in edw_acc[k].items():
+                s["per_format"][f]["sq_edw"] = float(e.pow(2).sum())
+                s["per_format"][f]["sq_edw_precond"] = float((e / n / denom).pow(2).sum())
+            _add_adam_norms(optimizer, lin.weight, s)
+        optimizer.zero_grad(set_to_none=True)
+
+        # Pass 2: antithetic forward noise -> curvature along Y.
+        t0 = time.perf_counter()
+        harshest = self._harshest(sums)
+        for k in keys:
+            s = sums[k]
+            # Noise at the scale of the error being priced: ‖e_Y(harshest)‖ / sqrt(T·N) per element.
+            s["noise_sigma"] = math.sqrt(s["per_format"][harshest]["sq_ey"] / max(1.0, s["numel_y"]))
+        for tokens in probe_batches:
+            shapes = self._output_shapes(linears, tokens)
+            for _ in range(self.cfg.noise_draws):
+                noise = {k: torch.randn(shapes[k], generator=gen, device=trainer.device) * sums[k]["noise_sigma"]
+                         for k in keys}
+                g_pm = []
+                for sign in (1.0, -1.0):
+                    records = {k: _Record(noise=noise[k] * sign) for k in keys}
+                    with self._probes(linears, "noise", records):
+                        trainer.forward_backward([tokens])
+                    g_pm.append({k: records[k].g for k in keys})
+                    optimizer.zero_grad(set_to_none=True)
+                for k in keys:
+                    eps = _flat(noise[k])
+                    dg = _flat(g_pm[0][k]) - _flat(g_pm[1][k])
+                    sums[k]["curv_num"] += float((eps * dg).sum()) / 2.0
+                    sums[k]["curv_den"] += float(eps.pow(2).sum())
+        timings["forward_noise_pass_s"] = time.perf_counter() - t0
+
+        # Pass 3: exact propagation gain of dgrad errors to earlier parameters.
+        t0 = time.perf_counter()
+        self._propagation_pass(trainer, linears, keys, probe_batches[0], denominators, sums, gen)
+        optimizer.zero_grad(set_to_none=True)
+        timings["backward_noise_pass_s"] = time.perf_counter() - t0
+
+        return {
+            "step": step,
+            "formats": list(self.cfg.formats),
+            "num_probe_batches": n,
+            "probe_loss_sum": sum(losses),
+            "total_sq_update": total_sq_update,
+            "replicas": 1,
+            "linears": sums,
+            "timings": timings,
+        }
+
+    def _measure_errors(self, lin: PrecisionLinear, rec: _Record, s: dict[str, Any],
+                        edw_acc: dict[str, torch.Tensor], gen: torch.Generator) -> None:
+        assert rec.x is not None and rec.g is not None, f"linear {key_of(lin)} saw no forward/backward"
+        x, g, w = _flat(rec.x), _flat(rec.g), lin.weight.detach().float()
+        y_ref, dx_ref, dw_ref = x @ w.t(), g @ w, g.t() @ x
+        s["tokens"] += x.shape[0]
+        s["sq_x"] += float(x.pow(2).sum())
+        s["sq_y"] += float(y_ref.pow(2).sum())
+        s["sq_g"] += float(g.pow(2).sum())
+        s["sq_dx"] += float(dx_ref.pow(2).sum())
+        s["sq_w"] = float(w.pow(2).sum())
+        s["numel_y"] += y_ref.numel()
+        saved_gen = lin.generator
+        lin.generator = gen  # stochastic rounding here must not consume the training stream
+        try:
+            for f in self.cfg.formats:
+                y_q, dx_q, dw_q = quantized_gemms(lin, x, g, GemmPrecision.uniform(f))
+                e_y, e_dx, e_dw = y_q - y_ref, dx_q - dx_ref, dw_q - dw_ref
+                pf = s["per_format"][f]
+                dot = float((g * e_y).sum())
+                pf["grad_dot_ey"] += dot
+                pf["abs_grad_dot_ey"] += abs(dot)
+                pf["sq_ey"] += float(e_y.pow(2).sum())
+                pf["sq_edx"] += float(e_dx.pow(2).sum())
+                edw_acc[f] = edw_acc[f] + e_dw if f in edw_acc else e_dw
+                pf["sq_qerr_x"] += operand_error(lin, x, w, f, "x")
+                pf["sq_qerr_g"] += operand_error(lin, g, w, f, "g")
+                pf["sq_qerr_w"] = operand_error(lin, x, w, f, "w")
+        finally:
+            lin.generator = saved_gen
+
+    def _harshest(self, sums: dict[str, dict[str, Any]]) -> str:
+        """The candidate format with the largest total forward error (normalization and noise scale)."""
+        return max(self.cfg.formats, key=lambda f: sum(s["per_format"][f]["sq_ey"] for s in sums.values()))
+
+    @staticmethod
+    def _output_shapes(linears: list[PrecisionLinear], tokens: torch.Tensor) -> dict[str, tuple[int, ...]]:
+        b, s = tokens.shape[0], tokens.shape[1] - 1
+        return {key_of(lin): (b, s, lin.out_features) for lin in linears}
+
+    def _propagation_pass(self, trainer: Any, linears: list[PrecisionLinear], keys: list[str], tokens: torch.Tensor,
+                          denominators: dict[int, torch.Tensor], sums: dict[str, dict[str, Any]],
+                          gen: torch.Generator) -> None:
+        tokens = tokens[: self.cfg.propagation_sequences]
+        records = {k: _Record() for k in keys}
+        with self._probes(linears, "record", records):
+            trainer.forward_loss(tokens)  # builds the graph; inputs kept in records[*].x_graph
+        params = [p for p in trainer.model.parameters() if id(p) in denominators]
+        for k in keys:
+            x = records[k].x_graph
+            if x is None or not x.requires_grad:
+                continue
+            eps = torch.randn(x.shape, generator=gen, device=x.device, dtype=x.dtype)
+            grads = torch.autograd.grad(x, params, grad_outputs=eps, retain_graph=True, allow_unused=True)
+            sq = sum(float((g.float() / denominators[id(p)]).pow(2).sum()) for p, g in zip(params, grads) if g is not None)
+            sums[k]["prop_num"] += sq
+            sums[k]["prop_den"] += float(eps.float().pow(2).sum())
+
+
+def quantized_gemms(lin: PrecisionLinear, x_tk: torch.Tensor, g_tn: torch.Tensor,
+                    precision: GemmPrecision) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(Y, dX, dW) of the linear's own quantized GEMMs on stored X (T, K) and G (T, N)."""
+    with torch.enable_grad():
+        x = x_tk.detach().requires_grad_(True)
+        w = lin.weight.detach().float().requires_grad_(True)
+        y = _functional_gemm(lin, x, w, precision)
+        dx, dw = torch.autograd.grad(y, (x, w), g_tn)
+    return y.detach().float(), dx.float(), dw.float()
+
+
+def _functional_gemm(lin: PrecisionLinear, x: torch.Tensor, w: torch.Tensor, precision: GemmPrecision) -> torch.Tensor:
+    from megatron_snip.precision.gemm import quant_linear
+
+    return quant_linear(x, w, precision, amax_reduce=lin.amax_reduce, generator=lin.generator)
+
+
+def operand_error(lin: PrecisionLinear, x_tk: torch.Tensor, w_nk: torch.Tensor, fmt: str, which: str) -> float:
+    """‖Q(a) - a‖² of one operand as its GEMM quantizes it (x, w: fprop blocking along K; g: dgrad along N)."""
+    from megatron_snip.precision.formats import Operand
+    from megatron_snip.precision.quantize import quantize
+
+    if fmt == "bf16":
+        return 0.0
+    a, op = {"x": (x_tk, Operand.ACTIVATION), "w": (w_nk, Operand.WEIGHT), "g": (x_tk, Operand.GRADIENT)}[which]
+    amax = None
+    if lin.amax_reduce is not None:
+        amax = lin.amax_reduce(a.abs().amax())
+    q = quantize(a, fmt, op, generator=lin.generator, amax=amax)
+    return float((q - a).pow(2).sum())
+
+
+def _empty_linear_sums(lin: PrecisionLinear, formats: tuple[str, ...]) -> dict[str, Any]:
+    return {
+        "layer": lin.layer, "linear": lin.linear, "shape": [lin.out_features, lin.in_features],
+        "tokens": 0, "numel_y": 0, "sq_x": 0.0, "sq_w": 0.0, "sq_y": 0.0, "sq_g": 0.0, "sq_dx": 0.0,
+        "sq_dw": 0.0, "sq_dw_precond": 0.0, "sq_m": 0.0, "sq_v": 0.0,
+        "curv_num": 0.0, "curv_den": 0.0, "prop_num": 0.0, "prop_den": 0.0, "noise_sigma": 0.0,
+        "per_format": {f: {k: 0.0 for k in PER_FORMAT_KEYS} for f in formats},
+    }
+
+
+def _add_adam_norms(optimizer: torch.optim.Optimizer, param: torch.Tensor, s: dict[str, Any]) -> None:
+    state = optimizer.state.get(param) or {}
+    if "exp_avg" in state:
+        s["sq_m"] = float(state["exp_avg"].pow(2).sum())
+        s["sq_v"] = float(state["exp_avg_sq"].pow(2).sum())
+
+
+def key_of(lin: PrecisionLinear) -> str:
+    return f"{lin.layer}.{lin.linear}"
+
+
