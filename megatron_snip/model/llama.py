@@ -150,22 +150,6 @@ class LlamaModel(nn.Module):
         return self.lm_head(self.final_norm(h)).float()
 
 
-def linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
-    """(N, K) = (out_features, in_features) of each linear of a block, unsharded."""
-    d, f, hd = cfg.hidden_size, cfg.ffn_hidden_size, cfg.head_dim
-    return {
-        "qkv": ((cfg.num_attention_heads + 2 * cfg.num_kv_heads) * hd, d),
-        "proj": (d, cfg.num_attention_heads * hd),
-        "fc1": (2 * f, d),
-        "fc2": (d, f),
-    }
-
-
-def linear_numel_of(cfg: ModelConfig) -> dict[str, int]:
-    """K·N of each linear: every one of its three GEMMs costs 2·T·K·N FLOPs."""
-    return {name: n * k for name, (n, k) in linear_shapes(cfg).items()}
-
-
 def cross_entropy_loss(logits_bsv: torch.Tensor, targets_bs: torch.Tensor) -> torch.Tensor:
     """Mean token cross entropy in nats (fp32)."""
     return F.cross_entropy(logits_bsv.reshape(-1, logits_bsv.shape[-1]).float(), targets_bs.reshape(-1))

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 
 from megatron_snip.config import Config
-from megatron_snip.model.llama import linear_numel_of
 from megatron_snip.precision.plan import PrecisionPlan
 from megatron_snip.snip import ilp
+from megatron_snip.snip.costs import linear_numel, model_linear_shapes
 from megatron_snip.snip.metrics import predicted_divergence, relative_error_costs, snip_costs
 from megatron_snip.snip.policies import PlanContext, SolveTimeoutError, make_plan, parse_policy
 from megatron_snip.snip.stats import ProbeConfig, StatsCollector
@@ -49,7 +49,7 @@ class SnipController:
         ilp.check_feasible(s.formats, s.fp4_target)
         self.collector = StatsCollector(ProbeConfig(formats=tuple(s.formats), noise_draws=s.noise_draws, seed=s.seed))
         self.plans_dir = Path(cfg.training.run_dir) / "plans"
-        self.linear_numel = linear_numel_of(cfg.model)
+        self.linear_numel = linear_numel(model_linear_shapes(cfg.model))
         self.replans = 0
 
     # --- callback API -----------------------------------------------------------------

@@ -24,7 +24,8 @@ import torch
 
 from megatron_snip.config import Config
 from megatron_snip.data.pipeline import DataBundle, build_data
-from megatron_snip.model.llama import LlamaModel, count_parameters, cross_entropy_loss, linear_numel_of, pad_vocab
+from megatron_snip.model.llama import LlamaModel, count_parameters, cross_entropy_loss, pad_vocab
+from megatron_snip.snip.costs import linear_numel, model_linear_shapes
 from megatron_snip.parallel.topology import ParallelTopology
 from megatron_snip.precision.plan import GemmId, PrecisionPlan
 from megatron_snip.telemetry.logger import RunLogger
@@ -107,7 +108,7 @@ class Trainer:
         # Stochastic rounding draws from one generator owned by the trainer and checkpointed.
         self.quant_generator = torch.Generator(device=self.device).manual_seed(t.seed + 1)
         self.model.set_quant_generator(self.quant_generator)
-        self.linear_numel = linear_numel_of(cfg.model)
+        self.linear_numel = linear_numel(model_linear_shapes(cfg.model))
 
         self.step = 0  # optimizer steps completed
         self.skipped_steps = 0

@@ -1,0 +1,699 @@
+"""The SNIP integer program: pick one format per decision unit, minimizing total cost
+subject to an FP4 FLOP-share target (globally and per pipeline stage).
+
+Pure module: no ranks, no logging, no clocks other than what the solver reports.
+
+Model (one Boolean x[u, f] per unit u and allowed candidate format f)::
+
+    minimize    sum_{u,f} cost[u][f] * x[u, f]
+    subject to  sum_f x[u, f] = 1                                      for every unit u
+                sum_{u, f in FP4} w_u * x[u, f] >= rho * sum_u w_u       (globally)
+                ... the same restricted to the units of each stage s      (if per_stage)
+                sum_{u,f} w_u t_f x[u, f] <= B * sum_u w_u t_bf16         (optional time budget,
+                                                                           globally and per stage)
+
+``w_u`` is the unit's FLOP weight: the sum of K*N over its GEMMs (every GEMM of a
+linear with weight (N, K) costs 2*T*K*N FLOPs; 2*T cancels). A cost of ``math.inf``
+(or a format missing from a GEMM's cost mapping) means "not allowed for this unit",
+e.g. a format whose block size does not divide the layer's sharded dims.
+
+Integer scaling (CP-SAT is an integer solver), stated precisely:
+  * FLOP weights are exact: K*N are integers, divided by their common gcd.
+  * ``fp4_target`` and ``time_budget`` are read as the decimal numbers they print as
+    (``Fraction(repr(x))``: 0.9 means 9/10) and the right-hand sides are rounded in
+    the conservative direction (ceil for the FP4 floor, floor for the time cap), so a
+    returned assignment satisfies the constraint exactly, in rational arithmetic.
+  * ``time_cost`` values are read the same way and scaled by the lcm of their
+    denominators (exact); if that lcm exceeds 10**6 they are rounded to a grid of
+    1/10**6 (not exact - a documented approximation, never hit by values like 0.25).
+  * Costs are rounded to integers ``round(c * COST_RESOLUTION / max_finite_cost)``.
+    Each unit's rounding error is at most ``max_cost / (2 * COST_RESOLUTION)``, so the
+    returned objective (always re-evaluated in the original float costs) is within
+    ``num_units * max_cost / COST_RESOLUTION`` of the true float optimum.
+
+Solver settings (found by a probe on this machine): ``num_workers=1``,
+``linearization_level=2``, fixed ``random_seed`` and a *deterministic* time limit
+(``max_deterministic_time``, not wall-clock) - this proves optimality on
+knapsack-like instances quickly and gives identical answers run to run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
+from functools import reduce
+from types import MappingProxyType
+
+from ortools.sat.python import cp_model
+
+from megatron_snip.precision.formats import FORMATS, FP4_FORMATS
+from megatron_snip.precision.plan import GEMMS, LINEARS, GemmId
+
+COST_RESOLUTION = 1_000_000
+GRANULARITIES = ("gemm", "layer")
+_TIME_GRID = 10**6
+
+
+class InfeasibleError(ValueError):
+    """The targets cannot be met; the message names the constraint and what is achievable."""
+
+
+# --------------------------------------------------------------------------------------
+# Problem
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Unit:
+    """One decision unit.
+
+    Attributes:
+        name: ``"3.fc2.wgrad"`` (granularity "gemm") or ``"3.fc2"`` (granularity "layer").
+        gemms: the GemmIds that take the unit's format (1 or 3), canonical order.
+        flops: FLOP weight, sum of K*N over ``gemms`` (integer; 2*T cancels).
+        stage: pipeline stage of the unit's layer, or None when stages are not given.
+    """
+
+    name: str
+    gemms: tuple[GemmId, ...]
+    flops: int
+    stage: int | None = None
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One instance of the integer program.
+
+    Attributes:
+        units: decision units (see ``Unit``).
+        formats: candidate format names, e.g. ("fp8", "nvfp4"); may include "bf16".
+        cost: ``cost[u][f]`` for unit index u and format index f; >= 0, ``math.inf``
+            = format not allowed for that unit.
+        fp4_target: rho in [0, 1]: FP4 share of the FLOPs must be >= rho.
+        per_stage: also require the FP4 share (and the time budget) on every stage.
+        time_cost: optional per-format relative cost per FLOP (e.g. bf16 1.0,
+            fp8 0.5, nvfp4 0.25); must cover every candidate and "bf16" (the reference).
+        time_budget: with ``time_cost``: sum w*t_f <= time_budget * sum w*t_bf16.
+        granularity: "gemm" or "layer" (informational; units already reflect it).
+    """
+
+    units: tuple[Unit, ...]
+    formats: tuple[str, ...]
+    cost: tuple[tuple[float, ...], ...]
+    fp4_target: float
+    per_stage: bool = False
+    time_cost: Mapping[str, float] | None = None
+    time_budget: float | None = None
+    granularity: str = "gemm"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "units", tuple(self.units))
+        object.__setattr__(self, "formats", tuple(self.formats))
+        object.__setattr__(self, "cost", tuple(tuple(float(c) for c in row) for row in self.cost))
+        if not self.units:
+            raise ValueError("Problem.units is empty; there must be at least one decision unit")
+        check_formats(self.formats)
+        check_share("fp4_target", self.fp4_target)
+        if self.granularity not in GRANULARITIES:
+            raise ValueError(f"granularity={self.granularity!r} must be one of {GRANULARITIES}")
+        if len(self.cost) != len(self.units) or any(len(r) != len(self.formats) for r in self.cost):
+            raise ValueError(
+                f"Problem.cost must be {len(self.units)} units x {len(self.formats)} formats; "
+                f"got {len(self.cost)} rows of lengths {sorted({len(r) for r in self.cost})}"
+            )
+        for unit, row in zip(self.units, self.cost):
+            for fmt, c in zip(self.formats, row):
+                if math.isnan(c) or c < 0 or c == -math.inf:
+                    raise ValueError(
+                        f"cost of unit {unit.name} in {fmt} is {c}; costs must be >= 0 (inf = not allowed)"
+                    )
+            if unit.flops <= 0:
+                raise ValueError(f"unit {unit.name} has flops={unit.flops}; FLOP weights must be positive integers")
+        if self.per_stage and any(u.stage is None for u in self.units):
+            raise ValueError("per_stage=True needs a stage for every unit; pass stage_of_layer")
+        if (self.time_cost is None) != (self.time_budget is None):
+            raise ValueError("time_cost and time_budget go together; pass both (or neither)")
+        if self.time_cost is not None:
+            object.__setattr__(self, "time_cost", MappingProxyType(dict(self.time_cost)))
+            for fmt in (*self.formats, "bf16"):
+                t = self.time_cost.get(fmt)
+                if t is None or not (0 < t < math.inf):
+                    raise ValueError(
+                        f"time_cost[{fmt!r}]={t!r}; time_cost needs a positive finite relative cost per FLOP "
+                        f"for every candidate format and for 'bf16' (the reference), e.g. bf16 1.0, fp8 0.5, nvfp4 0.25"
+                    )
+            if not (0 < self.time_budget < math.inf):
+                raise ValueError(f"time_budget={self.time_budget!r} must be a positive fraction of BF16 time")
+
+    @property
+    def stages(self) -> list[int]:
+        """Sorted distinct stages (empty when stages are not given)."""
+        return sorted({u.stage for u in self.units if u.stage is not None})
+
+    def with_target(self, fp4_target: float) -> Problem:
+        return replace(self, fp4_target=fp4_target)
+
+
+def check_formats(formats: Sequence[str]) -> None:
+    """ValueError unless ``formats`` is a non-empty list of distinct known format names."""
+    if not formats:
+        raise ValueError("formats is empty; list the candidate formats, e.g. ['fp8', 'nvfp4']")
+    for f in formats:
+        if f not in FORMATS:
+            raise ValueError(f"candidate format {f!r} is unknown; choose from {sorted(FORMATS)}")
+    if len(set(formats)) != len(formats):
+        raise ValueError(f"formats={list(formats)} lists a format twice")
+
+
+def check_share(name: str, value: float) -> None:
+    """ValueError unless ``value`` (argument/field ``name``) is a number in [0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0.0 <= value <= 1.0):
+        raise ValueError(f"{name}={value!r} must be a number in [0, 1] (a share of linear-layer FLOPs)")
+
+
+def build_problem(
+    costs: Mapping[GemmId, Mapping[str, float]],
+    linear_numel: Mapping[str, int],
+    formats: Sequence[str],
+    fp4_target: float,
+    granularity: str = "gemm",
+    stage_of_layer: Mapping[int, int] | None = None,
+    *,
+    per_stage: bool | None = None,
+    time_cost: Mapping[str, float] | None = None,
+    time_budget: float | None = None,
+) -> Problem:
+    """Assemble a ``Problem`` from per-GEMM costs.
+
+    Args:
+        costs: ``costs[GemmId][format]`` >= 0 (e.g. normalized SNIP divergence). A
+            candidate missing from a GEMM's mapping, or ``math.inf``, is not allowed there.
+        linear_numel: K*N per linear (``costs.linear_numel``); the FLOP weight of each GEMM.
+        formats: candidate formats, e.g. ["fp8", "nvfp4"].
+        fp4_target: rho in [0, 1].
+        granularity: "gemm" - each GemmId is a unit; "layer" - the fprop/dgrad/wgrad of
+            one (layer, linear) share one format and their costs are added.
+        stage_of_layer: global layer index -> pipeline stage; None for no stages.
+        per_stage: enforce the targets per stage (default: whenever stages are given).
+        time_cost, time_budget: optional relative-time budget, see ``Problem``.
+    """
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity={granularity!r} must be one of {GRANULARITIES}")
+    if not costs:
+        raise ValueError("costs is empty; there must be a cost mapping for at least one GemmId")
+    formats = tuple(formats)
+    check_formats(formats)
+    missing = [lin for lin in LINEARS if lin not in linear_numel]
+    if missing:
+        raise ValueError(f"linear_numel lacks {missing}; pass K*N for each of {LINEARS} (costs.linear_numel)")
+    for lin in LINEARS:
+        n = linear_numel[lin]
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            raise ValueError(f"linear_numel[{lin!r}]={n!r} must be a positive integer K*N")
+    if stage_of_layer is not None:
+        absent = sorted({g.layer for g in costs} - set(stage_of_layer))
+        if absent:
+            raise ValueError(f"stage_of_layer has no stage for layer(s) {absent[:8]}; map every layer to a stage")
+    if per_stage is None:
+        per_stage = stage_of_layer is not None
+
+    def row(gids: Sequence[GemmId]) -> tuple[float, ...]:
+        return tuple(sum(float(costs[g].get(f, math.inf)) for g in gids) for f in formats)
+
+    groups: list[tuple[str, tuple[GemmId, ...]]]
+    if granularity == "gemm":
+        groups = [(g.key, (g,)) for g in sorted(costs, key=_canonical)]
+    else:
+        by_linear: dict[tuple[int, str], list[GemmId]] = {}
+        for g in sorted(costs, key=_canonical):
+            by_linear.setdefault((g.layer, g.linear), []).append(g)
+        for (layer, lin), gids in by_linear.items():
+            if len(gids) != len(GEMMS):
+                raise ValueError(
+                    f"granularity='layer' ties fprop/dgrad/wgrad of layer {layer} {lin}, but costs has only "
+                    f"{[g.gemm for g in gids]}; give costs for all three GEMMs or use granularity='gemm'"
+                )
+        groups = [(f"{layer}.{lin}", tuple(gids)) for (layer, lin), gids in by_linear.items()]
+
+    units = tuple(
+        Unit(
+            name=name,
+            gemms=gids,
+            flops=sum(linear_numel[g.linear] for g in gids),
+            stage=None if stage_of_layer is None else int(stage_of_layer[gids[0].layer]),
+        )
+        for name, gids in groups
+    )
+    return Problem(
+        units=units,
+        formats=formats,
+        cost=tuple(row(gids) for _, gids in groups),
+        fp4_target=fp4_target,
+        per_stage=per_stage,
+        time_cost=time_cost,
+        time_budget=time_budget,
+        granularity=granularity,
+    )
+
+
+def _canonical(g: GemmId) -> tuple[int, int, int]:
+    """Layer, then linear, then GEMM in model order (GemmId's own order is alphabetical)."""
+    return (g.layer, LINEARS.index(g.linear), GEMMS.index(g.gemm))
+
+
+# --------------------------------------------------------------------------------------
+# Exact integer data shared by the CP-SAT model, the DP oracle and the feasibility check
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Constraints:
+    """Integer form of the constraints (see the module docstring for the rounding)."""
+
+    weight: tuple[int, ...]  # w_u / gcd
+    allowed: tuple[tuple[bool, ...], ...]  # [u][f]
+    is_fp4: tuple[bool, ...]  # [f]
+    fp4_rhs: int  # global: sum fp4 weight >= fp4_rhs
+    stage_fp4_rhs: dict[int, int]  # per stage (empty unless per_stage)
+    time_int: tuple[int, ...] | None  # [f] scaled time cost
+    time_ref: int | None  # scaled bf16 time cost (the budget's reference)
+    time_rhs: int | None  # global: sum w*t <= time_rhs
+    stage_time_rhs: dict[int, int]
+
+
+def _dec(x: float) -> Fraction:
+    """The decimal number ``x`` prints as (0.9 -> 9/10), so targets mean what users typed."""
+    return Fraction(repr(float(x)))
+
+
+def _constraints(p: Problem) -> _Constraints:
+    gcd = reduce(math.gcd, (u.flops for u in p.units))
+    weight = tuple(u.flops // gcd for u in p.units)
+    rho = _dec(p.fp4_target)
+
+    def fp4_rhs(ws: Iterable[int]) -> int:
+        return math.ceil(rho * sum(ws))
+
+    stage_fp4 = (
+        {s: fp4_rhs(w for w, u in zip(weight, p.units) if u.stage == s) for s in p.stages} if p.per_stage else {}
+    )
+    time_int = time_rhs = time_ref = None
+    stage_time: dict[int, int] = {}
+    if p.time_cost is not None:
+        names = (*p.formats, "bf16")
+        fr = {f: _dec(p.time_cost[f]) for f in names}
+        denom = reduce(math.lcm, (x.denominator for x in fr.values()))
+        if denom > _TIME_GRID:  # documented approximation: round to a 1e-6 grid
+            fr = {f: Fraction(round(x * _TIME_GRID), _TIME_GRID) for f, x in fr.items()}
+            denom = _TIME_GRID
+        t = {f: int(x * denom) for f, x in fr.items()}
+        time_int = tuple(max(t[f], 1) for f in p.formats)
+        time_ref = t["bf16"]
+        budget = _dec(p.time_budget)
+
+        def cap(ws: Iterable[int]) -> int:
+            return math.floor(budget * t["bf16"] * sum(ws))
+
+        time_rhs = cap(weight)
+        if p.per_stage:
+            stage_time = {s: cap(w for w, u in zip(weight, p.units) if u.stage == s) for s in p.stages}
+    return _Constraints(
+        weight=weight,
+        allowed=tuple(tuple(c < math.inf for c in row) for row in p.cost),
+        is_fp4=tuple(f in FP4_FORMATS for f in p.formats),
+        fp4_rhs=fp4_rhs(weight),
+        stage_fp4_rhs=stage_fp4,
+        time_int=time_int,
+        time_ref=time_ref,
+        time_rhs=time_rhs,
+        stage_time_rhs=stage_time,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Feasibility
+# --------------------------------------------------------------------------------------
+def check_feasible(
+    formats: Sequence[str],
+    fp4_target: float,
+    *,
+    time_cost: Mapping[str, float] | None = None,
+    time_budget: float | None = None,
+) -> None:
+    """Config-time check (before any costs exist): can these candidates meet the targets at all?
+
+    Assumes every candidate is allowed for every GEMM (divisibility is checked
+    elsewhere). Raises ``InfeasibleError`` (a ValueError) naming the constraint.
+    """
+    formats = tuple(formats)
+    check_formats(formats)
+    check_share("fp4_target", fp4_target)
+    fp4 = [f for f in formats if f in FP4_FORMATS]
+    if fp4_target > 0 and not fp4:
+        raise InfeasibleError(
+            f"fp4_target={fp4_target} cannot be met: no FP4 format among the candidates {list(formats)}; "
+            f"add one of {sorted(FP4_FORMATS)} to the candidates or set fp4_target=0"
+        )
+    if (time_cost is None) != (time_budget is None):
+        raise ValueError("time_cost and time_budget go together; pass both (or neither)")
+    if time_cost is None:
+        return
+    for f in (*formats, "bf16"):
+        if not (0 < time_cost.get(f, -1.0) < math.inf):
+            raise ValueError(f"time_cost[{f!r}]={time_cost.get(f)!r}; give a positive relative cost per FLOP for it")
+    t_ref = time_cost["bf16"]
+    fastest = min(time_cost[f] for f in formats) / t_ref
+    # Best mix honoring the FP4 floor: rho of the FLOPs at the fastest FP4 format, the
+    # rest at the fastest candidate (a relaxation - a necessary condition).
+    mix = fastest if not fp4 else (fp4_target * min(time_cost[f] for f in fp4) / t_ref + (1 - fp4_target) * fastest)
+    if mix > time_budget:
+        raise InfeasibleError(
+            f"time_budget={time_budget} cannot be met: with fp4_target={fp4_target} and candidates {list(formats)} "
+            f"the fastest mix needs {mix:.4g} of BF16 time; raise time_budget or add faster formats"
+        )
+
+
+def check_problem(problem: Problem) -> None:
+    """Necessary conditions on a full problem; raises ``InfeasibleError`` naming the constraint.
+
+    Checks each constraint alone (a unit with no allowed format, the FP4 floor
+    globally and per stage, the time cap globally and per stage). Targets that are
+    each achievable but not together are reported by ``solve`` as INFEASIBLE.
+    """
+    p, c = problem, _constraints(problem)
+    for unit, ok in zip(p.units, c.allowed):
+        if not any(ok):
+            raise InfeasibleError(f"unit {unit.name} has no allowed format among {list(p.formats)} (all costs inf)")
+    fp4_names = [f for f, is4 in zip(p.formats, c.is_fp4) if is4]
+    can_fp4 = [any(a and is4 for a, is4 in zip(ok, c.is_fp4)) for ok in c.allowed]
+
+    def fp4_check(idx: list[int], rhs: int, where: str) -> None:
+        best = sum(c.weight[i] for i in idx if can_fp4[i])
+        if best < rhs:
+            total = sum(c.weight[i] for i in idx)
+            if not fp4_names:
+                raise InfeasibleError(
+                    f"fp4_target={p.fp4_target} cannot be met: no FP4 format among the candidates "
+                    f"{list(p.formats)}; add one of {sorted(FP4_FORMATS)} or set fp4_target=0"
+                )
+            raise InfeasibleError(
+                f"fp4_target={p.fp4_target} cannot be met: the FP4 candidates {fp4_names} cover at most "
+                f"{best / total:.4%} of the linear FLOPs{where}; lower fp4_target or allow FP4 on more GEMMs"
+            )
+
+    def time_check(idx: list[int], rhs: int, where: str) -> None:
+        assert c.time_int is not None
+        need = sum(c.weight[i] * min(t for t, a in zip(c.time_int, c.allowed[i]) if a) for i in idx)
+        if need > rhs:
+            ref = sum(c.weight[i] for i in idx) * c.time_ref
+            raise InfeasibleError(
+                f"time_budget={p.time_budget} cannot be met{where}: even the fastest allowed formats need "
+                f"{need / ref:.4g} of BF16 time; raise time_budget or add faster candidates"
+            )
+
+    everything = list(range(len(p.units)))
+    fp4_check(everything, c.fp4_rhs, "")
+    for s, rhs in c.stage_fp4_rhs.items():
+        fp4_check([i for i, u in enumerate(p.units) if u.stage == s], rhs, f" on stage {s}")
+    if c.time_rhs is not None:
+        time_check(everything, c.time_rhs, "")
+        for s, rhs in c.stage_time_rhs.items():
+            time_check([i for i, u in enumerate(p.units) if u.stage == s], rhs, f" on stage {s}")
+
+
+# --------------------------------------------------------------------------------------
+# Solution
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Solution:
+    """Result of ``solve`` / ``dp_oracle``.
+
+    Attributes:
+        status: "OPTIMAL" (proven), "FEASIBLE" (time limit hit with a solution, not proven
+            optimal), "INFEASIBLE" (``message`` says which constraint) or "TIMEOUT" (no
+            solution within the deterministic time limit: keep the previous plan).
+        assignment: GemmId -> format (empty unless OPTIMAL/FEASIBLE).
+        unit_assignment: unit name -> format.
+        objective: total cost in the original float costs (None without a solution).
+        bound: solver's lower bound on the objective, rescaled (approximate).
+        solve_time_s: solver wall time as reported by the solver.
+        deterministic_time: solver's deterministic time (reproducible effort measure).
+        fp4_share: FP4 FLOP share of ``assignment``.
+        per_stage_share: stage -> FP4 FLOP share (empty when stages are not given).
+        message: human-readable reason for non-OPTIMAL statuses.
+    """
+
+    status: str
+    assignment: dict[GemmId, str] = field(default_factory=dict)
+    unit_assignment: dict[str, str] = field(default_factory=dict)
+    objective: float | None = None
+    bound: float | None = None
+    solve_time_s: float = 0.0
+    deterministic_time: float = 0.0
+    fp4_share: float | None = None
+    per_stage_share: dict[int, float] = field(default_factory=dict)
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """True when there is an assignment to use (OPTIMAL or FEASIBLE)."""
+        return self.status in ("OPTIMAL", "FEASIBLE")
+
+
+def _solution(p: Problem, choice: Sequence[int], status: str, **kw) -> Solution:
+    """Package a per-unit format-index choice, re-evaluating objective and shares exactly."""
+    fp4 = [p.formats[j] in FP4_FORMATS for j in choice]
+    total = sum(u.flops for u in p.units)
+    per_stage = {}
+    for s in p.stages:
+        idx = [i for i, u in enumerate(p.units) if u.stage == s]
+        per_stage[s] = sum(p.units[i].flops for i in idx if fp4[i]) / sum(p.units[i].flops for i in idx)
+    return Solution(
+        status=status,
+        assignment={g: p.formats[j] for u, j in zip(p.units, choice) for g in u.gemms},
+        unit_assignment={u.name: p.formats[j] for u, j in zip(p.units, choice)},
+        objective=math.fsum(p.cost[i][j] for i, j in enumerate(choice)),
+        fp4_share=sum(u.flops for u, is4 in zip(p.units, fp4) if is4) / total,
+        per_stage_share=per_stage,
+        **kw,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# CP-SAT
+# --------------------------------------------------------------------------------------
+def solve(
+    problem: Problem,
+    *,
+    warm_start: Mapping[GemmId | str, str] | None = None,
+    max_deterministic_time: float = 10.0,
+    num_workers: int = 1,
+    seed: int = 0,
+) -> Solution:
+    """Solve ``problem`` with OR-Tools CP-SAT (deterministic settings, see module docstring).
+
+    Args:
+        warm_start: a previous assignment, keyed by unit name or GemmId (e.g. the
+            previous plan's ``as_dict()``); a unit takes the hint of its name, else of
+            its first GemmId present. Hints naming a format that is not an allowed
+            candidate for the unit are skipped (e.g. a bf16 initial plan with fp8/nvfp4
+            candidates). Hints only guide the search: the optimum value is the same with or
+            without them (among equal-cost optima the one returned may differ).
+        max_deterministic_time: CP-SAT's deterministic time limit (reproducible, not wall-clock).
+        num_workers: CP-SAT search workers; keep 1 for run-to-run identical answers.
+        seed: CP-SAT ``random_seed``.
+
+    Returns:
+        ``Solution``; INFEASIBLE/TIMEOUT are statuses, not exceptions (check ``.ok``).
+    """
+    if max_deterministic_time <= 0:
+        raise ValueError(f"max_deterministic_time={max_deterministic_time} must be > 0 (CP-SAT deterministic seconds)")
+    if num_workers < 1:
+        raise ValueError(f"num_workers={num_workers} must be >= 1")
+    try:
+        check_problem(problem)
+    except InfeasibleError as e:
+        return Solution(status="INFEASIBLE", message=str(e))
+    p, c = problem, _constraints(problem)
+
+    finite = [x for row in p.cost for x in row if x < math.inf]
+    scale = COST_RESOLUTION / max(finite) if max(finite) > 0 else 0.0
+
+    model = cp_model.CpModel()
+    x: list[dict[int, cp_model.IntVar]] = []
+    for i, allowed in enumerate(c.allowed):
+        x.append({j: model.new_bool_var(f"x_{i}_{j}") for j, ok in enumerate(allowed) if ok})
+        model.add_exactly_one(x[i].values())
+
+    def fp4_floor(idx: Iterable[int], rhs: int) -> None:
+        terms = [(x[i][j], c.weight[i]) for i in idx for j in x[i] if c.is_fp4[j]]
+        if rhs > 0:
+            model.add(cp_model.LinearExpr.weighted_sum([v for v, _ in terms], [w for _, w in terms]) >= rhs)
+
+    def time_cap(idx: Iterable[int], rhs: int) -> None:
+        assert c.time_int is not None
+        terms = [(x[i][j], c.weight[i] * c.time_int[j]) for i in idx for j in x[i]]
+        model.add(cp_model.LinearExpr.weighted_sum([v for v, _ in terms], [w for _, w in terms]) <= rhs)
+
+    stage_idx = {s: [i for i, u in enumerate(p.units) if u.stage == s] for s in p.stages}
+    fp4_floor(range(len(p.units)), c.fp4_rhs)
+    for s, rhs in c.stage_fp4_rhs.items():
+        fp4_floor(stage_idx[s], rhs)
+    if c.time_rhs is not None:
+        time_cap(range(len(p.units)), c.time_rhs)
+        for s, rhs in c.stage_time_rhs.items():
+            time_cap(stage_idx[s], rhs)
+
+    obj_vars = [v for xi in x for v in xi.values()]
+    obj_coef = [round(p.cost[i][j] * scale) for i, xi in enumerate(x) for j in xi]
+    model.minimize(cp_model.LinearExpr.weighted_sum(obj_vars, obj_coef))
+
+    if warm_start:
+        for i, unit in enumerate(p.units):
+            hint = warm_start.get(unit.name)
+            if hint is None:
+                hint = next((warm_start[g] for g in unit.gemms if g in warm_start), None)
+            if hint in p.formats and p.formats.index(hint) in x[i]:
+                jh = p.formats.index(hint)
+                for j, var in x[i].items():
+                    model.add_hint(var, j == jh)
+
+    solver = cp_model.CpSolver()
+    prm = solver.parameters
+    prm.num_workers = num_workers
+    prm.linearization_level = 2
+    prm.random_seed = seed
+    prm.max_deterministic_time = max_deterministic_time
+    status = solver.solve(model)
+    timing = {"solve_time_s": solver.wall_time, "deterministic_time": solver.deterministic_time}
+
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        choice = [next(j for j, v in xi.items() if solver.boolean_value(v)) for xi in x]
+        proven = status == cp_model.OPTIMAL
+        bound = solver.best_objective_bound / scale if scale else 0.0
+        msg = "" if proven else (
+            f"stopped at max_deterministic_time={max_deterministic_time} before proving optimality "
+            f"(objective {solver.objective_value / scale if scale else 0.0:.6g}, bound {bound:.6g})"
+        )
+        return _solution(p, choice, "OPTIMAL" if proven else "FEASIBLE", bound=bound, message=msg, **timing)
+    if status == cp_model.INFEASIBLE:
+        return Solution(
+            status="INFEASIBLE",
+            message=(
+                f"fp4_target={p.fp4_target} and time_budget={p.time_budget} cannot be met together"
+                f"{' on every stage' if p.per_stage else ''} (each alone is achievable); relax one of them"
+            ),
+            **timing,
+        )
+    if status == cp_model.UNKNOWN:
+        return Solution(
+            status="TIMEOUT",
+            message=(
+                f"no feasible assignment found within max_deterministic_time={max_deterministic_time}; "
+                "keep the previous plan or raise the limit"
+            ),
+            **timing,
+        )
+    raise RuntimeError(f"CP-SAT returned {solver.status_name(status)}: {model.validate()!r} (a bug in ilp.py)")
+
+
+# --------------------------------------------------------------------------------------
+# Independent exact solver (test oracle) and Pareto sweep
+# --------------------------------------------------------------------------------------
+def dp_oracle(problem: Problem, *, max_states: int = 2_000_000) -> Solution:
+    """Exact dynamic program over the (integer) FP4-FLOP budget - an oracle for tests.
+
+    Units are processed stage by stage. A state is (global FP4 weight capped at its
+    right-hand side, this stage's FP4 weight capped at its right-hand side, global
+    time, this stage's time); it keeps the cheapest choice prefix reaching it. At a
+    stage boundary states that miss the stage's targets are dropped. Costs are the
+    original floats (no scaling), weights the exact integers, so the result is the
+    true optimum. Exponential in the worst case: for small instances only.
+    """
+    try:
+        check_problem(problem)
+    except InfeasibleError as e:
+        return Solution(status="INFEASIBLE", message=str(e))
+    p, c = problem, _constraints(problem)
+    order = sorted(range(len(p.units)), key=lambda i: (p.units[i].stage or 0, i))
+    tinf = 0 if c.time_rhs is None else c.time_rhs
+    States = dict[tuple[int, int, int, int], tuple[float, tuple[int, ...]]]
+    states: States = {(0, 0, 0, 0): (0.0, ())}
+
+    def close_stage(states: States, stage: int | None) -> States:
+        if not p.per_stage:
+            return states
+        fp4_rhs = c.stage_fp4_rhs[stage]
+        t_rhs = c.stage_time_rhs.get(stage, math.inf)
+        closed: States = {}
+        for (g4, s4, t, st), v in states.items():
+            key = (g4, 0, t, 0)  # distinct states can merge here: keep the cheapest
+            if s4 >= fp4_rhs and st <= t_rhs and (key not in closed or v[0] < closed[key][0]):
+                closed[key] = v
+        return closed
+
+    for pos, i in enumerate(order):
+        w, stage = c.weight[i], p.units[i].stage
+        s_rhs = c.stage_fp4_rhs.get(stage, 0)
+        new: States = {}
+        for (g4, s4, t, st), (cost, prefix) in states.items():
+            for j, ok in enumerate(c.allowed[i]):
+                if not ok:
+                    continue
+                d4 = w if c.is_fp4[j] else 0
+                dt = 0 if c.time_int is None else w * c.time_int[j]
+                if c.time_rhs is not None and t + dt > tinf:
+                    continue
+                key = (min(g4 + d4, c.fp4_rhs), min(s4 + d4, s_rhs), t + dt, st + dt)
+                val = cost + p.cost[i][j]
+                if key not in new or val < new[key][0]:
+                    new[key] = (val, prefix + (j,))
+        if len(new) > max_states:
+            raise ValueError(f"dp_oracle: {len(new)} states exceed max_states={max_states}; use a smaller instance")
+        states = new
+        last_of_stage = pos + 1 == len(order) or p.units[order[pos + 1]].stage != stage
+        if last_of_stage:
+            states = close_stage(states, stage)
+    finals = [v for (g4, _, _, _), v in states.items() if g4 >= c.fp4_rhs]
+    if not finals:
+        return Solution(status="INFEASIBLE", message="the targets cannot be met together (dp_oracle)")
+    _, prefix = min(finals, key=lambda v: v[0])
+    choice = [0] * len(p.units)
+    for i, j in zip(order, prefix):
+        choice[i] = j
+    return _solution(p, choice, "OPTIMAL")
+
+
+def pareto_curve(problem: Problem, targets: Iterable[float], **solve_kw) -> list[tuple[float, float]]:
+    """Optimal objective as a function of the FP4 target: ``[(rho, objective), ...]`` in the given order.
+
+    Each solve is warm-started from the previous feasible one. Infeasible targets
+    (and timeouts without a solution) get ``math.inf``; a FEASIBLE-but-unproven
+    solve contributes its (upper-bound) objective. ``solve_kw`` go to ``solve``.
+    """
+    points: list[tuple[float, float]] = []
+    hint: Mapping[str, str] | None = solve_kw.pop("warm_start", None)
+    for rho in targets:
+        sol = solve(problem.with_target(rho), warm_start=hint, **solve_kw)
+        if sol.ok:
+            hint = sol.unit_assignment
+            points.append((rho, sol.objective))
+        else:
+            points.append((rho, math.inf))
+    return points
+
+
+__all__ = [
+    "COST_RESOLUTION",
+    "GRANULARITIES",
+    "InfeasibleError",
+    "Problem",
+    "Solution",
+    "Unit",
+    "build_problem",
+    "check_feasible",
+    "check_formats",
+    "check_share",
+    "check_problem",
+    "dp_oracle",
+    "pareto_curve",
+    "solve",
+]

@@ -1,0 +1,192 @@
+"""Check SNIP's predicted divergences against measured ground truth (docs/snip.md, "How we check it").
+
+    python scripts/validate_metrics.py --steps 300 --out docs/validation
+
+1. Trains `tiny` in BF16 for --steps (or resumes the run in --run-dir if it has a checkpoint).
+2. Collects SNIP statistics on probe batches of training data, as the controller does.
+3. Ground truth on *held-out* batches, for every linear ℓ and format f, paired against BF16:
+   - ΔL_true: loss with only ℓ's fprop in f minus the BF16 loss, averaged over batches;
+   - ΔW_true: relative deviation ‖u_f − u‖/‖u‖ of the one-step AdamW update (current optimizer
+     state, no step taken) when only ℓ's backward GEMMs (dgrad+wgrad) run in f; also each
+     backward GEMM alone.
+4. Prints Spearman rank correlations per format and writes results.json, a scatter plot and a
+   markdown summary into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from megatron_snip.config import load_config
+from megatron_snip.precision.plan import GemmPrecision
+from megatron_snip.snip.metrics import curvature, linear_divergences, propagation_gain
+from megatron_snip.snip.stats import ProbeConfig, StatsCollector, key_of
+from megatron_snip.training.trainer import Trainer
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman rank correlation (average ranks for ties)."""
+    def ranks(x):
+        x = np.asarray(x, dtype=float)
+        order = x.argsort(kind="stable")
+        r = np.empty(len(x))
+        r[order] = np.arange(len(x))
+        for v in np.unique(x):  # average ties
+            idx = np.where(x == v)[0]
+            r[idx] = r[idx].mean()
+        return r
+    ra, rb = ranks(a), ranks(b)
+    if ra.std() == 0 or rb.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def adam_update(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], grads: list[torch.Tensor]) -> torch.Tensor:
+    """The AdamW direction m̂'/(√v̂'+eps) this gradient would produce (no weight decay, no step), flattened."""
+    out = []
+    for p, g in zip(params, grads):
+        group = next(gr for gr in optimizer.param_groups if any(q is p for q in gr["params"]))
+        b1, b2 = group["betas"]
+        eps = group["eps"]
+        st = optimizer.state.get(p) or {}
+        t = float(st["step"]) + 1 if "step" in st else 1.0
+        m = b1 * st["exp_avg"] + (1 - b1) * g if "exp_avg" in st else (1 - b1) * g
+        v = b2 * st["exp_avg_sq"] + (1 - b2) * g * g if "exp_avg_sq" in st else (1 - b2) * g * g
+        out.append(((m / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt() + eps)).flatten())
+    return torch.cat(out)
+
+
+def gradients(trainer: Trainer, tokens: torch.Tensor) -> list[torch.Tensor]:
+    trainer.optimizer.zero_grad(set_to_none=True)
+    trainer.forward_backward([tokens])
+    grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in trainer.model.parameters()]
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return grads
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="launch/configs/tiny.toml")
+    ap.add_argument("--set", dest="overrides", action="append", default=[])
+    ap.add_argument("--steps", type=int, default=300, help="BF16 training steps before validating")
+    ap.add_argument("--run-dir", default="runs/validate_metrics")
+    ap.add_argument("--formats", default="fp8,nvfp4,mxfp4")
+    ap.add_argument("--probe-batches", type=int, default=4)
+    ap.add_argument("--noise-draws", type=int, default=2)
+    ap.add_argument("--truth-batches", type=int, default=8, help="held-out batches for the ground truth")
+    ap.add_argument("--out", default="docs/validation")
+    args = ap.parse_args(argv)
+
+    formats = tuple(args.formats.split(","))
+    cfg = load_config(args.config, args.overrides + [
+        f"training.max_steps={args.steps}", f"training.run_dir={args.run_dir}", "training.resume=true",
+        "snip.enabled=false", "precision.initial_plan=bf16", "training.progress=false"])
+    trainer = Trainer(cfg)
+    if trainer.step < args.steps:
+        trainer.fit()
+    model, device = trainer.model, trainer.device
+    linears = list(model.precision_linears())
+    t = cfg.training
+
+    # Predictions, exactly as the controller computes them.
+    t0 = time.perf_counter()
+    collector = StatsCollector(ProbeConfig(formats=formats, noise_draws=args.noise_draws, seed=cfg.snip.seed))
+    probe = [trainer.data.train.batch(args.steps * t.global_batch_size + i * t.micro_batch_size, t.micro_batch_size).to(device)
+             for i in range(args.probe_batches)]
+    snapshot = collector.collect(trainer, probe, trainer.step)
+    div = linear_divergences(snapshot)
+    stats_s = time.perf_counter() - t0
+
+    # Ground truth on held-out batches (the validation split of the training corpus).
+    valid = trainer.data.valid["valid"]
+    held = [valid.batch(i * t.micro_batch_size, t.micro_batch_size).to(device) for i in range(args.truth_batches)]
+    params = list(model.parameters())
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        base_loss = [float(trainer.forward_loss(x)) for x in held]
+    base_updates = [adam_update(trainer.optimizer, params, gradients(trainer, x)) for x in held]
+
+    rows = []
+    for lin in linears:
+        key = key_of(lin)
+        for f in formats:
+            row = {"linear": key, "format": f}
+            lin.set_precision(GemmPrecision(fprop=f))
+            with torch.no_grad():
+                row["dL_true"] = float(np.mean([float(trainer.forward_loss(x)) - b for x, b in zip(held, base_loss)]))
+            for name, prec in (("dW_true", GemmPrecision(dgrad=f, wgrad=f)), ("dW_true_wgrad", GemmPrecision(wgrad=f)),
+                               ("dW_true_dgrad", GemmPrecision(dgrad=f))):
+                lin.set_precision(prec)
+                devs = [float((adam_update(trainer.optimizer, params, gradients(trainer, x)) - u).norm() / u.norm())
+                        for x, u in zip(held, base_updates)]
+                row[name] = float(np.mean(devs))
+            lin.set_precision(GemmPrecision())
+            d = div[key][f]
+            row.update(dL_pred=d.loss, dL_pred_first=d.loss_first_order, dL_pred_second=d.loss_second_order,
+                       dW_pred=d.weight, dW_pred_wgrad=d.weight_wgrad, dW_pred_dgrad=d.weight_dgrad,
+                       curvature=curvature(snapshot["linears"][key]), prop_gain=propagation_gain(snapshot["linears"][key]),
+                       rel_err_y=math.sqrt(snapshot["linears"][key]["per_format"][f]["sq_ey"] / snapshot["linears"][key]["sq_y"]))
+            rows.append(row)
+    truth_s = time.perf_counter() - t0
+
+    pairs = [("dL_pred", "dL_true"), ("dL_pred_first", "dL_true"), ("dL_pred_second", "dL_true"), ("rel_err_y", "dL_true"),
+             ("dW_pred", "dW_true"), ("dW_pred_wgrad", "dW_true_wgrad"), ("dW_pred_dgrad", "dW_true_dgrad")]
+    corr = {f: {f"{p}~{q}": spearman([r[p] for r in rows if r["format"] == f], [r[q] for r in rows if r["format"] == f])
+                for p, q in pairs} for f in formats}
+    corr["all"] = {f"{p}~{q}": spearman([r[p] for r in rows], [r[q] for r in rows]) for p, q in pairs}
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"command": "python " + " ".join([sys.argv[0], *(argv or sys.argv[1:])]), "steps": args.steps,
+              "probe_batches": args.probe_batches, "noise_draws": args.noise_draws, "truth_batches": args.truth_batches,
+              "stats_seconds": stats_s, "truth_seconds": truth_s, "spearman": corr, "rows": rows,
+              "stats_timings": snapshot["timings"]}
+    (out / "results.json").write_text(json.dumps(result, indent=1))
+    plot(rows, formats, out / "scatter.png")
+    lines = ["| format | " + " | ".join(f"{p} vs {q}" for p, q in pairs) + " |", "|---" * (len(pairs) + 1) + "|"]
+    for f, c in corr.items():
+        lines.append(f"| {f} | " + " | ".join(f"{c[f'{p}~{q}']:.2f}" for p, q in pairs) + " |")
+    table = "\n".join(lines)
+    (out / "summary.md").write_text(f"Spearman rank correlation, predicted vs measured ({len(linears)} linears).\n\n"
+                                    f"Command: `{result['command']}`\n\n{table}\n")
+    print(table)
+    print(f"statistics {stats_s:.1f}s, ground truth {truth_s:.1f}s; wrote {out}/results.json, scatter.png, summary.md")
+    trainer.logger.close()
+    return 0
+
+
+def plot(rows: list[dict], formats: tuple[str, ...], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    for ax, (p, q, title) in zip(axes, (("dL_pred", "dL_true", "loss divergence (fprop)"),
+                                         ("dW_pred", "dW_true", "weight divergence (dgrad+wgrad)"))):
+        for f in formats:
+            xs = [r[p] for r in rows if r["format"] == f]
+            ys = [r[q] for r in rows if r["format"] == f]
+            ax.scatter(xs, ys, label=f, s=22, alpha=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel(f"predicted {p}")
+        ax.set_ylabel(f"measured {q}")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(title="format")
+    axes[1].set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
