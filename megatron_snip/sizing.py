@@ -1,0 +1,486 @@
+"""Dry-run sizing: what a config costs on ``world_size`` GPUs, computed from shapes alone.
+
+    python -m megatron_snip.train --config launch/configs/llama_70b.toml --dry-run --world-size 64
+
+``estimate(cfg, world_size)`` returns a ``Sizing`` (numbers, for tests and scripts);
+``dry_run_report(cfg, world_size)`` renders it as text. Nothing here builds a model,
+touches a device or starts a process group. All figures are per optimizer step.
+
+Accounting (stated so the numbers can be checked by hand):
+
+* **Parameters.** Per block: qkv (h+2g)*hd*d, proj d*h*hd, fc1 2f*d, fc2 d*f and two
+  RMSNorm weights d. Embedding V*d on the first stage, final norm d and an untied LM head
+  V*d on the last stage. Under TP the four linears and the (vocab-parallel) embedding and
+  LM head are split over ``tp`` ranks; norm weights are replicated.
+* **Weights, gradients, optimizer** (per rank, DDP: nothing is sharded over DP). The fp32
+  parameters are the master weights (autocast casts to BF16 per GEMM, no persistent BF16
+  copy): 4 B/param; fp32 gradients 4 B/param; AdamW m and v in fp32 8 B/param; 16 B/param
+  in all. DDP is assumed to use ``gradient_as_bucket_view`` (no second gradient copy).
+* **Activations** saved for backward, per block, per token, Korthikanti et al. 2022
+  ("Reducing Activation Recomputation in Large Transformer Models", eq. 1-2) redone for a
+  Llama block - no dropout, RMSNorm, GQA, SwiGLU, flash/memory-efficient attention (no
+  s x s score matrix is stored) - with e bytes per element (2 for BF16, 4 for fp32)::
+
+      bytes = e * (4d + (h+2g)*hd + h*hd + 4f) + 4h
+              4d: two norm inputs, the qkv input, the fc1 input
+              (h+2g)*hd: q, k, v;  h*hd: attention output (proj input)
+              4f: gate and up (fc1 output), silu(gate), fc2 input;  4h: fp32 softmax logsumexp
+
+  Tensor parallelism divides every term except the 4d one by ``tp``; sequence parallelism
+  divides that one too (Megatron saves the sequence-sharded input of a column-parallel
+  linear and re-gathers it in backward). The last stage adds the LM head: final-norm and
+  LM-head inputs 2d (like the 4d term) plus 8*V/tp bytes (fp32 logits and fp32 softmax of
+  the vocab-parallel cross entropy). A pipeline stage holds the activations of every
+  micro-batch in flight: 1F1B keeps min(pp - stage, m) on stage ``stage`` (the first stage
+  holds the most: min(pp, m)), GPipe keeps all m, no pipeline keeps one. An upper-bound
+  style estimate: TE's FP8/FP4 modules save quantized inputs (smaller); the eager PyTorch
+  path with an fp32 residual stream and unfused norms saves more.
+* **FLOPs** on the global batch, T tokens. A linear with weight (N, K) costs 2*T*K*N in
+  each of fprop, dgrad and wgrad; the LM head likewise with (V, d); attention scores and
+  context cost 4*T*s*h*hd forward and twice that backward per block (the non-causal
+  convention of Megatron/PaLM MFU; causal kernels skip about half). Together:
+  6*T*(N_params - embedding - norms) + 12*T*s*h*hd*L.
+* **SNIP ILP** (``snip/ilp.py``): one Boolean per decision unit and allowed candidate, one
+  exactly-one constraint per unit, one global FP4-share floor, one floor per pipeline stage
+  when pp > 1. A candidate is allowed on a unit when every GEMM's TP-local reduction
+  dimension (K for fprop, N for dgrad, micro_batch*seq_len for wgrad) is a multiple of the
+  format's block and the local weight a multiple of its 2-D weight block.
+* **GPU support.** Set ``MEGATRON_SNIP_GPU`` (a100, h100, h200, b200, gb200; default h100).
+  TE: FP8 needs sm_89+, fp8_block sm_90+, MXFP8 and NVFP4 Blackwell sm_100+, MXFP4 has no
+  TE recipe. The emulated backend runs every format everywhere (fake quantization, no
+  speed-up).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from megatron_snip.config import Config
+from megatron_snip.precision.formats import FORMATS, FP4_FORMATS, Format
+from megatron_snip.precision.plan import GEMMS, LINEARS, PrecisionPlan
+from megatron_snip.snip.costs import linear_shapes
+
+GIB = 1024**3
+WEIGHT_BYTES, GRAD_BYTES, ADAM_BYTES = 4, 4, 8  # fp32 master weight, fp32 grad, fp32 m + v
+GPU_ENV = "MEGATRON_SNIP_GPU"
+DEFAULT_GPU = "h100"
+COLUMN_PARALLEL = frozenset({"qkv", "fc1"})  # sharded along N (out); proj and fc2 along K (in)
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """A GPU type: compute capability and device memory as nvidia-smi reports it (GiB)."""
+
+    name: str
+    sm: tuple[int, int]
+    memory_gib: float
+
+
+GPUS: dict[str, GpuSpec] = {
+    g.name.lower(): g
+    for g in (
+        GpuSpec("A100", (8, 0), 80.0),
+        GpuSpec("H100", (9, 0), 79.6),
+        GpuSpec("H200", (9, 0), 140.4),
+        GpuSpec("B200", (10, 0), 179.1),
+        GpuSpec("GB200", (10, 0), 184.0),
+    )
+}
+
+# Minimum compute capability of each format under Transformer Engine; None = no TE recipe.
+_TE_MIN_SM: dict[str, tuple[tuple[int, int], str] | None] = {
+    "bf16": ((8, 0), "BF16 GEMMs need Ampere (sm_80) or newer"),
+    "fp8": ((8, 9), "FP8 (per-tensor scaling) needs Ada/Hopper (sm_89+)"),
+    "fp8_block": ((9, 0), "FP8 block scaling (Float8BlockScaling) needs Hopper (sm_90+)"),
+    "mxfp8": ((10, 0), "MXFP8 needs Blackwell (sm_100+)"),
+    "nvfp4": ((10, 0), "NVFP4 needs Blackwell (sm_100+)"),
+    "mxfp4": None,
+}
+
+
+def resolve_gpu(name: str | None = None) -> GpuSpec:
+    """The GPU type to size for: ``name``, else ``$MEGATRON_SNIP_GPU``, else H100."""
+    key = (name or os.environ.get(GPU_ENV) or DEFAULT_GPU).strip().lower()
+    if key not in GPUS:
+        raise ValueError(f"GPU type {key!r} (argument gpu or ${GPU_ENV}) is unknown; choose one of {sorted(GPUS)}")
+    return GPUS[key]
+
+
+def format_support(backend: str, fmt: str, gpu: GpuSpec) -> tuple[bool, str]:
+    """Can ``backend`` run ``fmt`` on ``gpu``? Returns (ok, reason)."""
+    if backend == "emulated":
+        return True, "emulated (reference quantize-dequantize, BF16/FP32 GEMMs: runs anywhere, no speed-up)"
+    if backend != "te":
+        raise ValueError(f"precision.backend={backend!r} is unknown; choose 'emulated' or 'te'")
+    rule = _TE_MIN_SM[fmt]
+    if rule is None:
+        return False, f"{fmt} has no Transformer Engine recipe; use precision.backend='emulated'"
+    min_sm, why = rule
+    if gpu.sm >= min_sm:
+        return True, f"TE on {gpu.name} (sm_{gpu.sm[0]}{gpu.sm[1]})"
+    return False, f"{why}; {gpu.name} is sm_{gpu.sm[0]}{gpu.sm[1]} - use a newer GPU or precision.backend='emulated'"
+
+
+def gemm_allowed(fmt: Format, n_local: int, k_local: int, tokens: int, gemm: str) -> bool:
+    """Whether ``fmt``'s blocks tile one GEMM of a linear with TP-local weight (n_local, k_local).
+
+    Reduction dims: fprop K, dgrad N, wgrad the ``tokens`` of a micro-batch. Weights (fprop
+    and dgrad) must also be tiled by the 2-D weight block when the format has one.
+    """
+    reduction = {"fprop": k_local, "dgrad": n_local, "wgrad": tokens}[gemm]
+    if fmt.block and reduction % fmt.block:
+        return False
+    if gemm != "wgrad" and fmt.weight_block is not None:
+        rows, cols = fmt.weight_block
+        if n_local % rows or k_local % cols:
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------------------
+# Results
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StageSizing:
+    """One pipeline stage, per rank (its TP shard).
+
+    Attributes:
+        stage: pipeline rank.
+        first_layer, last_layer: global block indices held (inclusive).
+        params: parameters held by one rank of this stage.
+        in_flight: micro-batches whose activations the stage holds at peak.
+        activation_bytes: saved activations at peak (all in-flight micro-batches, plus the
+            LM head's on the last stage).
+        flops: FLOPs one rank of this stage computes per step (its share of the global batch).
+    """
+
+    stage: int
+    first_layer: int
+    last_layer: int
+    params: int
+    in_flight: int
+    activation_bytes: int
+    flops: int
+
+    @property
+    def weight_bytes(self) -> int:
+        return WEIGHT_BYTES * self.params
+
+    @property
+    def grad_bytes(self) -> int:
+        return GRAD_BYTES * self.params
+
+    @property
+    def optimizer_bytes(self) -> int:
+        return ADAM_BYTES * self.params
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.grad_bytes + self.optimizer_bytes + self.activation_bytes
+
+
+@dataclass(frozen=True)
+class SnipSizing:
+    """Size of the SNIP decision problem.
+
+    Attributes:
+        enabled: ``snip.enabled``.
+        granularity: "layer" (4 units per block) or "gemm" (12 per block).
+        formats: candidate formats.
+        units: decision units.
+        allowed: format -> number of units it is allowed on (block divisibility).
+        booleans: ILP Boolean variables (sum of ``allowed``).
+        exactly_one, fp4_floors: constraints: one per unit; global + per-stage FP4 floors.
+        max_fp4_share: the largest FP4 FLOP share the divisibility rules leave reachable.
+    """
+
+    enabled: bool
+    granularity: str
+    formats: tuple[str, ...]
+    units: int
+    allowed: dict[str, int]
+    booleans: int
+    exactly_one: int
+    fp4_floors: int
+    max_fp4_share: float
+
+    @property
+    def constraints(self) -> int:
+        return self.exactly_one + self.fp4_floors
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """Everything the dry run reports; see the module docstring for the formulas.
+
+    ``flops`` maps "qkv.fprop" ... "fc2.wgrad" (all blocks), "attention.fwd",
+    "attention.bwd", "lm_head.fprop|dgrad|wgrad" to FLOPs per step on the global batch.
+    """
+
+    world_size: int
+    tp: int
+    pp: int
+    dp: int
+    sequence_parallel: bool
+    schedule: str
+    vocab_size: int
+    vocab_source: str
+    layers_per_stage: int
+    params_total: int
+    params_embedding: int
+    params_blocks: int
+    params_head: int  # final norm + LM head
+    micro_batch: int
+    seq_len: int
+    global_batch: int
+    micro_batches: int  # per DP rank per step
+    tokens_per_step: int
+    activation_element_bytes: int
+    activation_bytes_per_token_layer: int  # per rank, after TP/SP sharding
+    stages: tuple[StageSizing, ...]
+    flops: dict[str, int]
+    snip: SnipSizing
+    gpu: GpuSpec
+    backend: str
+    formats_used: tuple[str, ...]
+    support: dict[str, tuple[bool, str]]
+
+    @property
+    def flops_total(self) -> int:
+        return sum(self.flops.values())
+
+    @property
+    def flops_linear(self) -> int:
+        return sum(v for k, v in self.flops.items() if k.split(".")[0] in LINEARS)
+
+    @property
+    def peak_stage(self) -> StageSizing:
+        return max(self.stages, key=lambda s: s.total_bytes)
+
+    @property
+    def pipeline_bubble(self) -> float:
+        """1F1B/GPipe idle fraction (pp - 1) / (m + pp - 1)."""
+        return (self.pp - 1) / (self.micro_batches + self.pp - 1)
+
+
+# --------------------------------------------------------------------------------------
+# Estimation
+# --------------------------------------------------------------------------------------
+def _vocab(cfg: Config) -> tuple[int, str]:
+    if cfg.model.vocab_size:
+        return cfg.model.vocab_size, "model.vocab_size"
+    if cfg.data.tokenizer == "byte":
+        return 320, "byte tokenizer (256 bytes + EOD, padded to 64)"
+    padded = -(-cfg.data.bpe_vocab_size // 64) * 64
+    return padded, f"at most data.bpe_vocab_size={cfg.data.bpe_vocab_size} padded to 64"
+
+
+def _shapes(cfg: Config) -> dict[str, tuple[int, int]]:
+    m = cfg.model
+    return linear_shapes(m.hidden_size, m.ffn_hidden_size, m.num_attention_heads, m.num_kv_heads, m.head_dim)
+
+
+def _formats_used(cfg: Config) -> tuple[str, ...]:
+    """Formats the run may ask the backend for: the initial plan's and SNIP's candidates."""
+    spec = cfg.precision.initial_plan
+    used: set[str] = {"bf16"}
+    if spec.startswith("uniform:"):
+        used.add(spec.split(":", 1)[1])
+    elif spec.endswith(".json"):
+        used.update(PrecisionPlan.load(spec).format_counts())  # ValueError if missing or malformed
+    elif spec != "bf16":
+        used.update(cfg.snip.formats)  # a baseline policy draws on the candidates
+    if cfg.snip.enabled:
+        used.update(cfg.snip.formats)
+    return tuple(f for f in FORMATS if f in used)
+
+
+def _snip_sizing(cfg: Config, tp: int, pp: int) -> SnipSizing:
+    s, m = cfg.snip, cfg.model
+    tokens = cfg.training.micro_batch_size * cfg.training.seq_len
+    shapes = _shapes(cfg)
+    local = {lin: ((n // tp, k) if lin in COLUMN_PARALLEL else (n, k // tp)) for lin, (n, k) in shapes.items()}
+
+    def ok(fmt: str, lin: str, gemm: str) -> bool:
+        return gemm_allowed(FORMATS[fmt], *local[lin], tokens, gemm)
+
+    # A unit is one GEMM ("gemm") or a linear's three tied GEMMs ("layer"); every block is alike.
+    unit_gemms = [(lin, gs) for lin in LINEARS
+                  for gs in ([GEMMS] if s.granularity == "layer" else [(gm,) for gm in GEMMS])]
+    allowed = {f: m.num_layers * sum(all(ok(f, lin, gm) for gm in gs) for lin, gs in unit_gemms) for f in s.formats}
+    fp4_candidates = [f for f in s.formats if f in FP4_FORMATS]
+    fp4_weight = sum(shapes[lin][0] * shapes[lin][1] * len(gs) for lin, gs in unit_gemms
+                     if any(all(ok(f, lin, gm) for gm in gs) for f in fp4_candidates))
+    total_weight = sum(n * k for n, k in shapes.values()) * len(GEMMS)
+    units = m.num_layers * len(unit_gemms)
+    floors = (1 + (pp if pp > 1 else 0)) if s.fp4_target > 0 else 0
+    return SnipSizing(
+        enabled=s.enabled, granularity=s.granularity, formats=tuple(s.formats), units=units, allowed=allowed,
+        booleans=sum(allowed.values()), exactly_one=units, fp4_floors=floors, max_fp4_share=fp4_weight / total_weight,
+    )
+
+
+def estimate(cfg: Config, world_size: int, gpu: str | None = None) -> Sizing:
+    """Size ``cfg`` on ``world_size`` ranks (validates the config for that world size first).
+
+    Args:
+        cfg: the run's config.
+        world_size: total ranks (= GPUs); must be a multiple of tp * pp.
+        gpu: GPU type name (see ``GPUS``); default ``$MEGATRON_SNIP_GPU`` or H100.
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size={world_size!r} must be a positive integer (e.g. --world-size 64)")
+    cfg.validate(world_size)
+    m, p, t = cfg.model, cfg.parallel, cfg.training
+    tp, pp = p.tp, p.pp
+    dp = cfg.data_parallel_size(world_size)
+    d, f, hd, L = m.hidden_size, m.ffn_hidden_size, m.head_dim, m.num_layers
+    h, g = m.num_attention_heads, m.num_kv_heads
+    vocab, vocab_source = _vocab(cfg)
+    vocab_local = -(-vocab // tp)
+    per_stage = L // pp
+
+    shapes = _shapes(cfg)
+    linear_params = sum(n * k for n, k in shapes.values())
+    block_params_local = linear_params // tp + 2 * d  # norms replicated over TP
+    params_embedding, params_head = vocab * d, vocab * d + d
+    params_blocks = L * (linear_params + 2 * d)
+
+    # Activations per token per block on one rank (module docstring).
+    e = 4 if t.dtype == "float32" else 2
+    sharded = e * ((h + 2 * g) * hd + h * hd + 4 * f) + 4 * h
+    replicated = e * 4 * d
+    act_layer = (replicated // tp if p.sequence_parallel else replicated) + sharded // tp
+    head_act = (e * 2 * d // tp if p.sequence_parallel else e * 2 * d) + 8 * vocab_local
+    tokens_micro = t.micro_batch_size * t.seq_len
+    micro_batches = t.global_batch_size // (t.micro_batch_size * dp)
+    tokens = t.global_batch_size * t.seq_len
+
+    # FLOPs on the global batch.
+    flops: dict[str, int] = {}
+    for lin, (n, k) in shapes.items():
+        for gemm in GEMMS:
+            flops[f"{lin}.{gemm}"] = 2 * tokens * k * n * L
+    attn_fwd = 4 * tokens * t.seq_len * h * hd * L
+    flops["attention.fwd"], flops["attention.bwd"] = attn_fwd, 2 * attn_fwd
+    for gemm in GEMMS:
+        flops[f"lm_head.{gemm}"] = 2 * tokens * d * vocab
+    block_flops = (sum(v for k, v in flops.items() if not k.startswith("lm_head"))) // L
+    head_flops = 3 * 2 * tokens * d * vocab
+
+    stages = []
+    for s in range(pp):
+        first, last = s == 0, s == pp - 1
+        params = (per_stage * block_params_local + (vocab_local * d if first else 0)  # embedding shard
+                  + (vocab_local * d + d if last else 0))  # LM head shard + final norm
+        if pp == 1:
+            in_flight = 1
+        elif p.pp_schedule == "gpipe":
+            in_flight = micro_batches
+        else:
+            in_flight = min(pp - s, micro_batches)
+        act = in_flight * per_stage * act_layer * tokens_micro + (head_act * tokens_micro if last else 0)
+        stage_flops = (per_stage * block_flops + (head_flops if last else 0)) // (tp * dp)
+        stages.append(StageSizing(s, s * per_stage, (s + 1) * per_stage - 1, params, in_flight, act, stage_flops))
+
+    gpu_spec = resolve_gpu(gpu)
+    used = _formats_used(cfg)
+    return Sizing(
+        world_size=world_size, tp=tp, pp=pp, dp=dp, sequence_parallel=p.sequence_parallel, schedule=p.pp_schedule,
+        vocab_size=vocab, vocab_source=vocab_source, layers_per_stage=per_stage,
+        params_total=params_embedding + params_blocks + params_head, params_embedding=params_embedding,
+        params_blocks=params_blocks, params_head=params_head,
+        micro_batch=t.micro_batch_size, seq_len=t.seq_len, global_batch=t.global_batch_size,
+        micro_batches=micro_batches, tokens_per_step=tokens,
+        activation_element_bytes=e, activation_bytes_per_token_layer=act_layer,
+        stages=tuple(stages), flops=flops, snip=_snip_sizing(cfg, tp, pp), gpu=gpu_spec,
+        backend=cfg.precision.backend, formats_used=used,
+        support={fmt: format_support(cfg.precision.backend, fmt, gpu_spec) for fmt in used},
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------
+def _gib(n: int) -> str:
+    return f"{n / GIB:8.2f}"
+
+
+def _flops(n: float) -> str:
+    for unit, scale in (("EFLOP", 1e18), ("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if n >= scale:
+            return f"{n / scale:8.2f} {unit}"
+    return f"{n:8.0f} FLOP"
+
+
+def dry_run_report(cfg: Config, world_size: int, gpu: str | None = None) -> str:
+    """The ``--dry-run`` text: layout, per-rank memory, FLOPs, SNIP problem size, GPU support."""
+    s = estimate(cfg, world_size, gpu)
+    m, sn = cfg.model, s.snip
+    out: list[str] = []
+    add = out.append
+    add(f"model       {m.num_layers} blocks, d={m.hidden_size}, ffn={m.ffn_hidden_size}, heads {m.num_attention_heads} "
+        f"(kv {m.num_kv_heads}, head_dim {m.head_dim}), vocab {s.vocab_size} ({s.vocab_source})")
+    add(f"parameters  {s.params_total:,} = embedding {s.params_embedding:,} + blocks {s.params_blocks:,} "
+        f"+ final norm & LM head {s.params_head:,}")
+    add(f"layout      world {s.world_size} = TP {s.tp} x PP {s.pp} x DP {s.dp}; sequence parallel "
+        f"{'on' if s.sequence_parallel else 'off'}; schedule {s.schedule if s.pp > 1 else 'none (pp=1)'}")
+    shown = s.stages if s.pp <= 4 else (*s.stages[:2], None, s.stages[-1])
+    add(f"            {s.layers_per_stage} blocks per stage: "
+        + ", ".join("..." if st is None else f"stage {st.stage} {st.first_layer}-{st.last_layer}" for st in shown)
+        + " (embedding on the first stage, final norm + LM head on the last)")
+    add(f"batch       micro {s.micro_batch} x seq {s.seq_len}; global {s.global_batch} sequences = "
+        f"{s.tokens_per_step:,} tokens/step; {s.micro_batches} micro-batches per DP rank"
+        + (f"; pipeline bubble (pp-1)/(m+pp-1) = {s.pipeline_bubble:.2%}" if s.pp > 1 else ""))
+    add("")
+    cols = [s.stages[0]] if s.pp == 1 else [s.stages[0], s.stages[-1]]
+    head = "".join(f"{'stage ' + str(c.stage):>12}" for c in cols)
+    add(f"{'memory per rank (GiB)':<29}{head}")
+    rows = [("parameters (millions)", [f"{c.params / 1e6:12.1f}" for c in cols]),
+            (f"weights fp32 ({WEIGHT_BYTES} B/param)", [f"{_gib(c.weight_bytes):>12}" for c in cols]),
+            (f"gradients fp32 ({GRAD_BYTES} B/param)", [f"{_gib(c.grad_bytes):>12}" for c in cols]),
+            (f"Adam m+v fp32 ({ADAM_BYTES} B/param)", [f"{_gib(c.optimizer_bytes):>12}" for c in cols]),
+            ("micro-batches in flight", [f"{c.in_flight:12d}" for c in cols]),
+            ("activations", [f"{_gib(c.activation_bytes):>12}" for c in cols]),
+            ("total", [f"{_gib(c.total_bytes):>12}" for c in cols])]
+    for name, vals in rows:
+        add(f"  {name:<27}" + "".join(vals))
+    add(f"  activations: {s.activation_bytes_per_token_layer:,} B per token per block per rank "
+        f"(Korthikanti et al. 2022 redone for Llama, {'BF16' if s.activation_element_bytes == 2 else 'fp32'}, "
+        f"flash attention, {'with' if s.sequence_parallel else 'without'} sequence parallelism; see sizing.py)")
+    peak = s.peak_stage
+    room = s.gpu.memory_gib - peak.total_bytes / GIB
+    verdict = "fits" if room >= 0.1 * s.gpu.memory_gib else ("tight" if room >= 0 else "DOES NOT FIT")
+    add(f"  peak {peak.total_bytes / GIB:.1f} GiB on stage {peak.stage} vs {s.gpu.name} {s.gpu.memory_gib:.0f} GiB: "
+        f"{verdict} ({room:+.1f} GiB left for TE workspaces, NCCL buffers, SNIP probes, fragmentation)")
+    add("")
+    add("FLOPs per step (global batch, all blocks; each linear runs fprop, dgrad and wgrad)")
+    for lin in LINEARS:
+        add(f"  {lin:<10}" + "   ".join(f"{gemm} {_flops(s.flops[f'{lin}.{gemm}'])}" for gemm in GEMMS))
+    add(f"  {'lm_head':<10}" + "   ".join(f"{gemm} {_flops(s.flops[f'lm_head.{gemm}'])}" for gemm in GEMMS))
+    add(f"  {'attention':<10}fwd   {_flops(s.flops['attention.fwd'])}   bwd   {_flops(s.flops['attention.bwd'])}"
+        f"   (non-causal convention; causal kernels do about half)")
+    add(f"  total {_flops(s.flops_total).strip()} = 6*T*(non-embedding, non-norm params) + 12*T*s*h*hd*L; "
+        f"block linears {s.flops_linear / s.flops_total:.1%} (the FP4-share denominator)")
+    add(f"  per GPU: stage 0 {_flops(s.stages[0].flops).strip()}"
+        + (f", last stage {_flops(s.stages[-1].flops).strip()} (LM head)" if s.pp > 1 else ""))
+    add("")
+    state = "enabled" if sn.enabled else "disabled (sized as if enabled)"
+    add(f"SNIP        {state}: granularity {sn.granularity} -> {sn.units} decision units, candidates "
+        f"{list(sn.formats)}, target FP4 share {cfg.snip.fp4_target:g}")
+    add(f"  ILP: {sn.booleans} Booleans (" + ", ".join(f"{f} on {n}" for f, n in sn.allowed.items())
+        + f"), {sn.constraints} constraints ({sn.exactly_one} exactly-one + {sn.fp4_floors} "
+        + f"FP4 floor{'s' if sn.fp4_floors != 1 else ''}"
+        + (f": 1 global + {s.pp} per stage" if sn.fp4_floors > 1 else "") + ")")
+    if sn.max_fp4_share < 1.0:
+        add(f"  block divisibility leaves at most {sn.max_fp4_share:.1%} of linear FLOPs reachable in FP4")
+    add("")
+    gpu_src = ("argument gpu" if gpu else f"${GPU_ENV}" if os.environ.get(GPU_ENV)
+               else f"default; set {GPU_ENV}=" + "|".join(GPUS))
+    add(f"backend     {s.backend} on {s.gpu.name} (sm_{s.gpu.sm[0]}{s.gpu.sm[1]}, {gpu_src}):")
+    for fmt, (ok, why) in s.support.items():
+        add(f"  {fmt:<10}{'ok  ' if ok else 'NO  '} {why}")
+    if not all(ok for ok, _ in s.support.values()):
+        add("  -> this config cannot run on this GPU as configured; the run would stop at start-up")
+    return "\n".join(out)
