@@ -108,7 +108,8 @@ class SnipConfig:
     interval: int = 20  # then every `interval` steps
     probe_batches: int = 2  # micro-batches the statistics are averaged over
     weight_divergence_weight: float = 1.0  # lambda in sum(dL + lambda * dW)
-    noise_draws: int = 2  # antithetic noise pairs per probe batch for curvature/propagation
+    noise_draws: int = 2  # antithetic forward-noise pairs per probe batch (curvature)
+    propagation_sequences: int = 1  # sequences of the first probe batch for the exact dgrad-propagation pass
     solver_max_time: float = 10.0  # CP-SAT max_deterministic_time
     seed: int = 0
 
@@ -119,7 +120,7 @@ class SnipConfig:
             raise _err("snip.granularity", self.granularity, "choose 'layer' or 'gemm'")
         if self.warmup < 0:
             raise _err("snip.warmup", self.warmup, "must be >= 0")
-        _positive("snip", self, "interval", "probe_batches", "noise_draws", "solver_max_time")
+        _positive("snip", self, "interval", "probe_batches", "noise_draws", "propagation_sequences", "solver_max_time")
         if self.weight_divergence_weight < 0:
             raise _err("snip.weight_divergence_weight", self.weight_divergence_weight, "must be >= 0")
         if not self.formats:

@@ -84,7 +84,7 @@ def adam_denominator(optimizer: torch.optim.Optimizer, param: torch.Tensor, fall
 class ProbeConfig:
     formats: tuple[str, ...]
     noise_draws: int = 2
-    propagation_sequences: int = 2  # sequences of the first probe micro-batch used by pass 3
+    propagation_sequences: int = 1  # sequences of the first probe micro-batch used by pass 3
     seed: int = 0
 
 
@@ -140,10 +140,12 @@ class StatsCollector:
         # Pass 1: reference forward/backward and measured GEMM errors per format.
         t0 = time.perf_counter()
         losses = []
+        output_shapes: list[dict[str, torch.Size]] = []  # per probe batch: each linear's Y shape
         for tokens in probe_batches:
             records = {k: _Record() for k in keys}
             with self._probes(linears, "record", records):
                 losses.append(float(trainer.forward_backward([tokens])))
+            output_shapes.append({k: records[k].g.shape for k in keys})
             for k, lin in zip(keys, linears):
                 self._measure_errors(lin, records[k], sums[k], edw_acc[k], gen)
         grads = {id(p): p.grad.detach() / n for p in model.parameters() if p.grad is not None}
@@ -176,8 +178,7 @@ class StatsCollector:
             s = sums[k]
             # Noise at the scale of the error being priced: ‖e_Y(harshest)‖ / sqrt(T·N) per element.
             s["noise_sigma"] = math.sqrt(s["per_format"][harshest]["sq_ey"] / max(1.0, s["numel_y"]))
-        for tokens in probe_batches:
-            shapes = self._output_shapes(linears, tokens)
+        for tokens, shapes in zip(probe_batches, output_shapes):
             for _ in range(self.cfg.noise_draws):
                 noise = {k: torch.randn(shapes[k], generator=gen, device=trainer.device) * sums[k]["noise_sigma"]
                          for k in keys}
@@ -246,11 +247,6 @@ class StatsCollector:
     def _harshest(self, sums: dict[str, dict[str, Any]]) -> str:
         """The candidate format with the largest total forward error (normalization and noise scale)."""
         return max(self.cfg.formats, key=lambda f: sum(s["per_format"][f]["sq_ey"] for s in sums.values()))
-
-    @staticmethod
-    def _output_shapes(linears: list[PrecisionLinear], tokens: torch.Tensor) -> dict[str, tuple[int, ...]]:
-        b, s = tokens.shape[0], tokens.shape[1] - 1
-        return {key_of(lin): (b, s, lin.out_features) for lin in linears}
 
     def _propagation_pass(self, trainer: Any, linears: list[PrecisionLinear], keys: list[str], tokens: torch.Tensor,
                           denominators: dict[int, torch.Tensor], sums: dict[str, dict[str, Any]],

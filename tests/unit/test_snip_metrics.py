@@ -1,0 +1,145 @@
+"""SNIP statistics and metrics on small problems whose answer is known in closed form.
+
+The "model" is one or two PrecisionLinears with a quadratic loss
+L = c/2 · ‖Y − X·Aᵀ‖², whose Hessian in Y is c·I: the Hutchinson curvature must be c, and
+first- plus second-order Taylor terms must reproduce the true loss change of a quantized fprop
+exactly. Weight divergences are checked against hand-computed AdamW-preconditioned errors.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from megatron_snip.model.layers import PrecisionLinear
+from megatron_snip.precision.formats import Operand
+from megatron_snip.precision.plan import GemmId, GemmPrecision
+from megatron_snip.precision.quantize import quantize
+from megatron_snip.snip.metrics import curvature, linear_divergences, propagation_gain, relative_error_costs, snip_costs
+from megatron_snip.snip.stats import ProbeConfig, StatsCollector
+
+T, K, H, N = 128, 32, 32, 32
+C = 3.0
+
+
+class Chain(nn.Module):
+    def __init__(self, two: bool) -> None:
+        super().__init__()
+        self.lins = nn.ModuleList()
+        if two:
+            self.lins.append(PrecisionLinear(K, H, layer=0, linear="fc1", init_std=0.2))
+        self.lins.append(PrecisionLinear(H if two else K, N, layer=0, linear="fc2", init_std=0.2))
+
+    def precision_linears(self):
+        return iter(self.lins)
+
+    def forward(self, x):
+        for lin in self.lins:
+            x = lin(x)
+        return x
+
+
+class QuadraticTrainer:
+    """What StatsCollector needs of a trainer: model, optimizer, device, forward_loss, forward_backward."""
+
+    def __init__(self, two: bool = False, seed: int = 0) -> None:
+        torch.manual_seed(seed)
+        self.device = torch.device("cpu")
+        self.model = Chain(two)
+        self.target_map = torch.randn(N, K) * 0.3
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+
+    def forward_loss(self, x):
+        y = self.model(x)
+        return 0.5 * C * (y - x @ self.target_map.t()).pow(2).sum()
+
+    def forward_backward(self, micro):
+        total = torch.zeros(())
+        for x in micro:
+            loss = self.forward_loss(x)
+            loss.backward()
+            total += loss.detach()
+        return total
+
+    def set_adam_state(self, v_hat: float, step: int = 10) -> None:
+        """AdamW state whose bias-corrected √v̂ is ``sqrt(v_hat)`` everywhere."""
+        beta2 = self.optimizer.param_groups[0]["betas"][1]
+        for p in self.model.parameters():
+            self.optimizer.state[p] = {"step": torch.tensor(float(step)), "exp_avg": torch.zeros_like(p),
+                                       "exp_avg_sq": torch.full_like(p, v_hat * (1 - beta2**step))}
+
+
+def collect(trainer, formats, batches, draws=2):
+    return StatsCollector(ProbeConfig(formats=formats, noise_draws=draws, seed=0)).collect(trainer, batches, step=1)
+
+
+def test_curvature_is_exact_for_quadratic_loss():
+    tr = QuadraticTrainer()
+    snap = collect(tr, ("fp8", "nvfp4"), [torch.randn(T, K)])
+    assert curvature(snap["linears"]["0.fc2"]) == pytest.approx(C, rel=1e-4)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "mxfp4", "nvfp4"])
+def test_taylor_terms_reproduce_true_loss_change(fmt):
+    tr = QuadraticTrainer()
+    x = torch.randn(T, K)
+    snap = collect(tr, (fmt,), [x])
+    s = snap["linears"]["0.fc2"]
+    predicted = s["per_format"][fmt]["grad_dot_ey"] + 0.5 * curvature(s) * s["per_format"][fmt]["sq_ey"]
+    lin = tr.model.lins[0]
+    with torch.no_grad():
+        base = float(tr.forward_loss(x))
+        lin.set_precision(GemmPrecision(fprop=fmt))
+        true = float(tr.forward_loss(x)) - base
+    assert predicted == pytest.approx(true, rel=1e-3, abs=1e-6)
+    # The metric prices |first order| + curvature term: never below the true change.
+    d = linear_divergences(snap)["0.fc2"][fmt]
+    assert d.loss >= true - 1e-3 * abs(true) and d.loss == pytest.approx(abs(s["per_format"][fmt]["grad_dot_ey"])
+                                                            + 0.5 * C * s["per_format"][fmt]["sq_ey"], rel=1e-3)
+
+
+def test_wgrad_weight_divergence_matches_hand_computed_adam_error():
+    tr = QuadraticTrainer()
+    tr.set_adam_state(v_hat=0.04)
+    x = torch.randn(T, K)
+    snap = collect(tr, ("fp8",), [x])
+    w = tr.model.lins[0].weight.detach()
+    g = C * (x @ w.t() - x @ tr.target_map.t())  # dL/dY, (T, N)
+    dw = g.t() @ x
+    # fp8 wgrad: G (E5M2) and X (E4M3), both blocked along tokens: quantize their transposes.
+    dw_q = quantize(g.t().contiguous(), "fp8", Operand.GRADIENT) @ quantize(x.t().contiguous(), "fp8", Operand.ACTIVATION).t()
+    denom = math.sqrt(0.04) + 1e-8
+    expected = float(((dw_q - dw) / denom).norm() / (dw / denom).norm())
+    assert linear_divergences(snap)["0.fc2"]["fp8"].weight_wgrad == pytest.approx(expected, rel=1e-4)
+
+
+def test_propagation_gain_matches_jacobian_norm():
+    tr = QuadraticTrainer(two=True)
+    tr.set_adam_state(v_hat=(1 - 1e-8) ** 2)  # √v̂ + eps == 1: no preconditioning
+    x = torch.randn(T, K)
+    snap = StatsCollector(ProbeConfig(formats=("fp8",), noise_draws=1, propagation_sequences=T)).collect(tr, [x], 1)
+    # Upstream noise ε (T, H) at fc2's input reaches only fc1's weight: δ = εᵀ·X, so
+    # E‖δ‖² / E‖ε‖² = ‖X‖² / T. One draw of T·H = 4096 normals concentrates within a few %.
+    assert propagation_gain(snap["linears"]["0.fc2"]) == pytest.approx(float(x.norm()) / math.sqrt(T), rel=0.1)
+    assert propagation_gain(snap["linears"]["0.fc1"]) == 0.0  # its input is the data: nothing upstream
+
+
+def test_normalized_costs_and_baseline_costs():
+    tr = QuadraticTrainer(two=True)
+    tr.set_adam_state(v_hat=0.01)
+    snap = collect(tr, ("bf16", "fp8", "nvfp4"), [torch.randn(T, K), torch.randn(T, K)])
+    costs = snip_costs(snap, weight_divergence_weight=2.0)
+    assert set(costs) == {GemmId(0, lin, g) for lin in ("fc1", "fc2") for g in ("fprop", "dgrad", "wgrad")}
+    for g, per_f in costs.items():
+        assert per_f["bf16"] == 0.0
+        assert per_f["nvfp4"] > per_f["fp8"] > 0.0 or (g.gemm == "dgrad" and g.linear == "fc1")
+    fprop_total = sum(c["nvfp4"] for g, c in costs.items() if g.gemm == "fprop")
+    weight_total = sum(c["nvfp4"] for g, c in costs.items() if g.gemm != "fprop")
+    assert fprop_total == pytest.approx(1.0) and weight_total == pytest.approx(2.0)  # λ = 2
+    rel = relative_error_costs(snap)
+    assert all(c["bf16"] == 0.0 and c["nvfp4"] > c["fp8"] > 0 for c in rel.values())
+    assert snap["linears"]["0.fc1"]["per_format"]["nvfp4"]["sq_qerr_w"] > 0
+
