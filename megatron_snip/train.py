@@ -34,13 +34,24 @@ def main(argv: list[str] | None = None) -> int:
 
         print(dry_run_report(cfg, args.world_size or 1))
         return 0
+    from megatron_snip.parallel.distributed import destroy_distributed, env_world_size, init_distributed
     from megatron_snip.training.run import run_training
 
     try:
-        result = run_training(cfg)
+        # torchrun sets WORLD_SIZE; a plain `python -m megatron_snip.train` runs one process, no process group.
+        world_size = env_world_size()
+        topo = None
+        if world_size > 1:
+            cfg.validate(world_size)  # fail on a bad layout before any rank waits in a collective
+            device = cfg.training.device
+            topo = init_distributed(cfg.parallel.tp, cfg.parallel.pp,
+                                    device_type=None if device == "auto" else device)
+        result = run_training(cfg, topo)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    finally:
+        destroy_distributed()
     return 0 if result is not None else 1
 
 

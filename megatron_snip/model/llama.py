@@ -7,8 +7,15 @@ training dtype. Blocks live in a ``ModuleDict`` keyed by the *global* block inde
 so a pipeline stage holding blocks 8..15 has the same parameter names as the full
 model.
 
+Tensor parallelism (``tp``, a ``TensorParallel``): qkv and fc1 are column-parallel, proj
+and fc2 row-parallel, embedding, LM head and loss vocab-parallel; each rank holds H/tp query
+heads, G/tp kv groups, F/tp ffn features and V/tp vocabulary rows. With sequence
+parallelism the residual stream between TP regions is (B, S/tp, D). Weights are initialized
+from per-parameter generators (``layers.init_generator``), so any TP/PP layout holds exact
+slices of the TP=1/PP=1 model built after the same ``torch.manual_seed``.
+
 Shape legend: B batch, S sequence, D hidden, H query heads, G kv heads
-(groups), Hd head dim, F ffn hidden, V vocab.
+(groups), Hd head dim, F ffn hidden, V vocab (all local under TP: H/tp, G/tp, F/tp, V/tp).
 """
 
 from __future__ import annotations
@@ -20,9 +27,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron_snip.config import ModelConfig
-from megatron_snip.model.layers import PrecisionLinear, scaled_init_std
+from megatron_snip.model.layers import (
+    UNSHARDED,
+    ColumnParallelLinear,
+    ParallelLMHead,
+    PrecisionLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    init_generator,
+    scaled_init_std,
+    shard_state_dict,
+    unshard_state_dicts,
+    vocab_parallel_cross_entropy,
+)
 from megatron_snip.model.norm import RMSNorm
 from megatron_snip.model.rope import apply_rope, rope_tables
+from megatron_snip.parallel.topology import TensorParallel
 from megatron_snip.precision.plan import LINEARS, GemmId, PrecisionPlan, all_gemm_ids
 
 
@@ -34,22 +54,30 @@ class Attention(nn.Module):
     """Causal GQA self-attention.
 
     The fused qkv output is laid out per kv group as [q_0..q_{H/G-1}, k, v] (Megatron's
-    layout), so tensor parallelism can shard whole groups along the output dim.
+    layout), so tensor parallelism shards whole groups: rank r's contiguous slice of the
+    output dim is groups [r·G/tp, (r+1)·G/tp) and their query heads.
     """
 
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, tp: TensorParallel = UNSHARDED, seed: int | None = None) -> None:
         super().__init__()
-        self.num_heads, self.num_groups, self.head_dim = cfg.num_attention_heads, cfg.num_kv_heads, cfg.head_dim
-        q_per_group = self.num_heads // self.num_groups
-        qkv_out = self.num_groups * (q_per_group + 2) * self.head_dim
-        self.qkv = PrecisionLinear(cfg.hidden_size, qkv_out, layer=layer, linear="qkv", init_std=cfg.init_std)
-        self.proj = PrecisionLinear(self.num_heads * self.head_dim, cfg.hidden_size, layer=layer, linear="proj",
-                                    init_std=scaled_init_std(cfg.init_std, cfg.num_layers))
+        if cfg.num_kv_heads % tp.size:
+            raise ValueError(f"config model.num_kv_heads={cfg.num_kv_heads} must be divisible by parallel.tp={tp.size}")
+        self.num_heads, self.num_groups = cfg.num_attention_heads // tp.size, cfg.num_kv_heads // tp.size  # local
+        self.head_dim = cfg.head_dim
+        q_per_group = cfg.num_attention_heads // cfg.num_kv_heads
+        qkv_out = cfg.num_kv_heads * (q_per_group + 2) * self.head_dim
+        self.qkv = ColumnParallelLinear(cfg.hidden_size, qkv_out, layer=layer, linear="qkv", init_std=cfg.init_std, tp=tp,
+                                        init_generator=_gen(seed, f"layers.{layer}.attn.qkv.weight"))
+        self.proj = RowParallelLinear(cfg.num_attention_heads * self.head_dim, cfg.hidden_size, layer=layer, linear="proj",
+                                      init_std=scaled_init_std(cfg.init_std, cfg.num_layers), tp=tp,
+                                      init_generator=_gen(seed, f"layers.{layer}.attn.proj.weight"))
 
     def forward(self, x_bsd: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x_bsd.shape
+        """x (B, S, D) [(B, S/tp, D) with sequence parallelism] -> same shape."""
         q_per_group = self.num_heads // self.num_groups
-        qkv = self.qkv(x_bsd).view(b, s, self.num_groups, q_per_group + 2, self.head_dim)
+        qkv = self.qkv(x_bsd)  # (B, S, G·(H/G+2)·Hd): full sequence even under sequence parallelism
+        b, s, _ = qkv.shape
+        qkv = qkv.view(b, s, self.num_groups, q_per_group + 2, self.head_dim)
         q = qkv[:, :, :, :q_per_group].reshape(b, s, self.num_heads, self.head_dim).transpose(1, 2)  # B H S Hd
         k = qkv[:, :, :, q_per_group].transpose(1, 2)  # B G S Hd
         v = qkv[:, :, :, q_per_group + 1].transpose(1, 2)  # B G S Hd
@@ -61,11 +89,15 @@ class Attention(nn.Module):
 class SwiGLU(nn.Module):
     """fc2(silu(gate) * up) with fc1 producing [gate; up] along its output dim."""
 
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, tp: TensorParallel = UNSHARDED, seed: int | None = None) -> None:
         super().__init__()
-        self.fc1 = PrecisionLinear(cfg.hidden_size, 2 * cfg.ffn_hidden_size, layer=layer, linear="fc1", init_std=cfg.init_std)
-        self.fc2 = PrecisionLinear(cfg.ffn_hidden_size, cfg.hidden_size, layer=layer, linear="fc2",
-                                   init_std=scaled_init_std(cfg.init_std, cfg.num_layers))
+        # partitions=2: gate and up are sharded separately, so the local output is [gate_r; up_r].
+        self.fc1 = ColumnParallelLinear(cfg.hidden_size, 2 * cfg.ffn_hidden_size, layer=layer, linear="fc1",
+                                        init_std=cfg.init_std, tp=tp, partitions=2,
+                                        init_generator=_gen(seed, f"layers.{layer}.mlp.fc1.weight"))
+        self.fc2 = RowParallelLinear(cfg.ffn_hidden_size, cfg.hidden_size, layer=layer, linear="fc2",
+                                     init_std=scaled_init_std(cfg.init_std, cfg.num_layers), tp=tp,
+                                     init_generator=_gen(seed, f"layers.{layer}.mlp.fc2.weight"))
 
     def forward(self, x_bsd: torch.Tensor) -> torch.Tensor:
         gate, up = self.fc1(x_bsd).chunk(2, dim=-1)
@@ -73,13 +105,13 @@ class SwiGLU(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, tp: TensorParallel = UNSHARDED, seed: int | None = None) -> None:
         super().__init__()
         self.layer = layer
-        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
-        self.attn = Attention(cfg, layer)
-        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
-        self.mlp = SwiGLU(cfg, layer)
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps, sequence_parallel=tp.sequence_parallel)
+        self.attn = Attention(cfg, layer, tp, seed)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps, sequence_parallel=tp.sequence_parallel)
+        self.mlp = SwiGLU(cfg, layer, tp, seed)
 
     def forward(self, x_bsd: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x_bsd = x_bsd + self.attn(self.attn_norm(x_bsd), cos, sin)
@@ -95,22 +127,29 @@ class LlamaModel(nn.Module):
         layers: global indices of the blocks this stage holds (default: all).
         pre_process: this stage owns the embedding (first stage).
         post_process: this stage owns the final norm and LM head (last stage).
+        tp: tensor-parallel group/size/rank and sequence parallelism (default: unsharded).
+        seed: weight-init seed; None draws one from the global RNG (so ``torch.manual_seed(s)``
+            before construction makes the model deterministic). Every parameter gets its own
+            generator keyed by its global name: stages and TP shards agree with the full model.
     """
 
     def __init__(self, cfg: ModelConfig, vocab_size: int, *, layers: Iterable[int] | None = None,
-                 pre_process: bool = True, post_process: bool = True) -> None:
+                 pre_process: bool = True, post_process: bool = True, tp: TensorParallel = UNSHARDED,
+                 seed: int | None = None) -> None:
         super().__init__()
-        self.cfg, self.vocab_size = cfg, vocab_size
+        self.cfg, self.vocab_size, self.tp = cfg, vocab_size, tp
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (), device="cpu").item())
         self.layer_ids = list(range(cfg.num_layers) if layers is None else layers)
         self.pre_process, self.post_process = pre_process, post_process
         if pre_process:
-            self.embedding = nn.Embedding(vocab_size, cfg.hidden_size)
-            nn.init.normal_(self.embedding.weight, std=cfg.init_std)
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg, i) for i in self.layer_ids})
+            self.embedding = VocabParallelEmbedding(vocab_size, cfg.hidden_size, init_std=cfg.init_std, tp=tp,
+                                                    init_generator=_gen(seed, "embedding.weight"))
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg, i, tp, seed) for i in self.layer_ids})
         if post_process:
-            self.final_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
-            self.lm_head = nn.Linear(cfg.hidden_size, vocab_size, bias=False)
-            nn.init.normal_(self.lm_head.weight, std=cfg.init_std)
+            self.final_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps, sequence_parallel=tp.sequence_parallel)
+            self.lm_head = ParallelLMHead(cfg.hidden_size, vocab_size, init_std=cfg.init_std, tp=tp,
+                                          init_generator=_gen(seed, "lm_head.weight"))
         self._rope_cache: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
 
     # --- precision seam ---------------------------------------------------------
@@ -127,6 +166,36 @@ class LlamaModel(nn.Module):
         for lin in self.precision_linears():
             lin.set_precision(plan.for_linear(lin.layer, lin.linear))
 
+    def plan_shape_errors(self, plan: PrecisionPlan, tokens: int) -> list[str]:
+        """Why ``plan`` cannot run on this stage's *local* GEMM shapes (empty list: it can).
+
+        ``tokens`` = T, tokens per micro-batch (micro_batch_size * seq_len; the full sequence
+        even under sequence parallelism, since column-parallel inputs are gathered first).
+        Each GEMM's operands are checked as the quantizer will see them (reduction dim last):
+        fprop X (T, K), W (N, K); dgrad dY (T, N), Wᵀ (K, N); wgrad dYᵀ (N, T), Xᵀ (K, T).
+        """
+        from megatron_snip.precision.formats import Operand, get_format
+        from megatron_snip.precision.quantize import check_operand_shape
+
+        act, wt, grad = Operand.ACTIVATION, Operand.WEIGHT, Operand.GRADIENT
+        errors = []
+        for lin in self.precision_linears():
+            n, k = lin.out_features, lin.in_features
+            prec = plan.for_linear(lin.layer, lin.linear)
+            for gemm, operands in (("fprop", (((tokens, k), act), ((n, k), wt))),
+                                   ("dgrad", (((tokens, n), grad), ((k, n), wt))),
+                                   ("wgrad", (((n, tokens), grad), ((k, tokens), act)))):
+                fmt = get_format(prec[gemm])
+                hadamard = gemm == "wgrad" and fmt.wgrad_hadamard
+                for shape, operand in operands:
+                    try:
+                        check_operand_shape(shape, fmt, operand, hadamard=hadamard)
+                    except ValueError as e:
+                        errors.append(f"{lin.layer}.{lin.linear}.{gemm}={fmt.name} (local weight {n}x{k}, "
+                                      f"tp={lin.tp.size}, T={tokens}): {e}")
+                        break
+        return errors
+
     def set_quant_generator(self, generator: torch.Generator | None) -> None:
         for lin in self.precision_linears():
             lin.generator = generator
@@ -140,18 +209,50 @@ class LlamaModel(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """tokens (B, S) int64 -> hidden (B, S, D) on the first stage; hidden in/out on middle
-        stages; logits (B, S, V) fp32 on the last stage."""
+        stages; logits (B, S, V) fp32 on the last stage.
+
+        Under TP the logits are this rank's vocabulary slice (B, S, V/tp) (use ``loss``), and
+        with sequence parallelism hidden states are (B, S/tp, D)."""
         h = self.embedding(x) if self.pre_process else x
-        cos, sin = self._rope(h.shape[1], h.device)
+        seq_len = h.shape[1] * (self.tp.size if self.tp.sequence_parallel else 1)
+        cos, sin = self._rope(seq_len, h.device)
         for block in self.layers.values():
             h = block(h, cos, sin)
         if not self.post_process:
             return h
         return self.lm_head(self.final_norm(h)).float()
 
+    def loss(self, logits_bsv: torch.Tensor, targets_bs: torch.Tensor) -> torch.Tensor:
+        """Mean token cross entropy (fp32) of ``forward``'s logits; vocab-parallel under TP."""
+        return vocab_parallel_cross_entropy(logits_bsv, targets_bs, self.tp)
+
+    # --- tensor-parallel layout ------------------------------------------------------------
+    def tp_shard_spec(self) -> dict[str, tuple[int, int] | None]:
+        """Parameter name -> (dim, partitions) it is split along under TP, or None if replicated."""
+        spec: dict[str, tuple[int, int] | None] = {name: None for name, _ in self.named_parameters()}
+        for mname, mod in self.named_modules():
+            if isinstance(mod, PrecisionLinear) and mod.shard_dim is not None:
+                spec[f"{mname}.weight"] = (mod.shard_dim, mod.partitions)
+            elif isinstance(mod, (VocabParallelEmbedding, ParallelLMHead)):
+                spec[f"{mname}.weight"] = (0, 1)
+        return spec
+
+    def sharded_state_dict(self, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """This rank's slice of an unsharded model state dict (for this stage's parameters)."""
+        mine = {k: v for k, v in full.items() if k in dict(self.named_parameters())}
+        return shard_state_dict(mine, self.tp_shard_spec(), self.tp.size, self.tp.rank)
+
+    def unsharded_state_dict(self, shards: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """The unsharded state dict from every TP rank's ``state_dict()`` (in TP-rank order)."""
+        return unshard_state_dicts(shards, self.tp_shard_spec())
+
+
+def _gen(seed: int | None, name: str) -> torch.Generator | None:
+    return None if seed is None else init_generator(seed, name)
+
 
 def cross_entropy_loss(logits_bsv: torch.Tensor, targets_bs: torch.Tensor) -> torch.Tensor:
-    """Mean token cross entropy in nats (fp32)."""
+    """Mean token cross entropy in nats (fp32) of full-vocabulary logits (see LlamaModel.loss under TP)."""
     return F.cross_entropy(logits_bsv.reshape(-1, logits_bsv.shape[-1]).float(), targets_bs.reshape(-1))
 
 
@@ -159,4 +260,4 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-__all__ = ["LlamaModel", "cross_entropy_loss", "count_parameters", "pad_vocab", "LINEARS"]
+__all__ = ["LINEARS", "LlamaModel", "count_parameters", "cross_entropy_loss", "pad_vocab"]

@@ -7,12 +7,19 @@ from torch import nn
 
 
 class RMSNorm(nn.Module):
-    """y = x / rms(x) * weight, normalized over the last dim (hidden_size); computed in fp32."""
+    """y = x / rms(x) * weight, normalized over the last dim (hidden_size); computed in fp32.
 
-    def __init__(self, hidden_size: int, eps: float = 1e-5) -> None:
+    The weight is replicated over tensor parallelism. With sequence parallelism each TP rank
+    sees a different slice of the sequence, so its weight gradient is partial: the weight is
+    marked ``sequence_parallel`` and parallel/ddp.py sums its gradient over the TP group.
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5, *, sequence_parallel: bool = False) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.weight.tensor_parallel = False  # type: ignore[attr-defined]
+        self.weight.sequence_parallel = sequence_parallel  # type: ignore[attr-defined]
 
     def forward(self, x_bsd: torch.Tensor) -> torch.Tensor:
         x32 = x_bsd.float()

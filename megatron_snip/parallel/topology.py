@@ -5,12 +5,70 @@
 A ``ParallelTopology`` holds this rank's coordinates and its process groups; it is passed
 explicitly to whoever communicates (no module-level globals). ``ParallelTopology.single()``
 is the trivial 1x1x1 topology of a single process (all groups None).
+
+``group_ranks(world_size, tp, pp)`` lists the rank sets of every group (pure, testable);
+``parallel/distributed.py`` turns them into process groups. TP groups are consecutive ranks
+(one node's NVLink domain when tp <= GPUs per node), DP groups stride by ``tp``, PP groups
+stride by ``tp * dp``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+GROUP_KINDS: tuple[str, ...] = ("tp", "pp", "dp", "mp")
+
+
+def check_layout(world_size: int, tp: int, pp: int) -> int:
+    """Validate a TP x PP layout for ``world_size`` ranks; returns the data-parallel size.
+
+    Raises ValueError naming the field, its value and the fix.
+    """
+    if world_size < 1:
+        raise ValueError(f"world size {world_size} must be >= 1 (torchrun's WORLD_SIZE)")
+    if tp < 1 or pp < 1:
+        raise ValueError(f"config parallel.tp={tp} / parallel.pp={pp}: both must be >= 1")
+    if world_size % (tp * pp):
+        raise ValueError(f"config parallel.tp*parallel.pp={tp * pp} (tp={tp}, pp={pp}) must divide the world size "
+                         f"{world_size}; launch a multiple of {tp * pp} ranks or change tp/pp")
+    return world_size // (tp * pp)
+
+
+def group_ranks(world_size: int, tp: int, pp: int) -> dict[str, list[list[int]]]:
+    """Global ranks of every group of each kind, in Megatron order.
+
+    Returns {"tp": [...], "pp": [...], "dp": [...], "mp": [...]}; each value lists disjoint
+    rank lists covering the world. ``mp`` (model parallel) = all TP x PP ranks of one DP replica.
+    """
+    dp = check_layout(world_size, tp, pp)
+    rank_of = ParallelTopology.rank_of
+    return {
+        "tp": [[rank_of(t, p, d, tp, dp) for t in range(tp)] for p in range(pp) for d in range(dp)],
+        "pp": [[rank_of(t, p, d, tp, dp) for p in range(pp)] for d in range(dp) for t in range(tp)],
+        "dp": [[rank_of(t, p, d, tp, dp) for d in range(dp)] for p in range(pp) for t in range(tp)],
+        "mp": [sorted(rank_of(t, p, d, tp, dp) for p in range(pp) for t in range(tp)) for d in range(dp)],
+    }
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """What a tensor-parallel layer needs to know: its TP group, size, rank and whether
+    activations between TP regions are sharded along the sequence (sequence parallelism).
+
+    ``TensorParallel()`` is the unsharded default (size 1, no group).
+    """
+
+    group: Any = None
+    size: int = 1
+    rank: int = 0
+    sequence_parallel: bool = False
+
+    def __post_init__(self) -> None:
+        if self.size < 1 or not 0 <= self.rank < self.size:
+            raise ValueError(f"TensorParallel(size={self.size}, rank={self.rank}): need size >= 1 and 0 <= rank < size")
+        if self.sequence_parallel and self.size == 1:
+            raise ValueError("config parallel.sequence_parallel=true needs parallel.tp > 1 (or set it to false)")
 
 
 @dataclass(frozen=True)
@@ -27,10 +85,20 @@ class ParallelTopology:
     pp_group: Any = None  # ranks sharing (tp, dp): the pipeline this rank belongs to
     dp_group: Any = None  # ranks sharing (tp, pp): data-parallel replicas of this shard
     mp_group: Any = None  # ranks sharing dp: one whole model replica (TP x PP), for global norms
+    world_group: Any = None  # all ranks (None = the default group once initialized)
 
     @classmethod
     def single(cls) -> ParallelTopology:
         return cls(world_size=1, rank=0, tp=1, pp=1, dp=1, tp_rank=0, pp_rank=0, dp_rank=0)
+
+    @classmethod
+    def from_rank(cls, world_size: int, rank: int, tp: int, pp: int, **groups: Any) -> ParallelTopology:
+        """Coordinates of ``rank`` in a ``world_size`` = tp x pp x dp layout (groups passed as keywords)."""
+        dp = check_layout(world_size, tp, pp)
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside the world of {world_size} ranks (torchrun's RANK)")
+        tp_rank, pp_rank, dp_rank = cls.coords(rank, tp, pp, dp)
+        return cls(world_size, rank, tp, pp, dp, tp_rank, pp_rank, dp_rank, **groups)
 
     @staticmethod
     def coords(rank: int, tp: int, pp: int, dp: int) -> tuple[int, int, int]:
@@ -40,6 +108,14 @@ class ParallelTopology:
     @staticmethod
     def rank_of(tp_rank: int, pp_rank: int, dp_rank: int, tp: int, dp: int) -> int:
         return tp_rank + tp * (dp_rank + dp * pp_rank)
+
+    def tensor_parallel(self, sequence_parallel: bool = False) -> TensorParallel:
+        """This rank's TP view for building tensor-parallel layers."""
+        return TensorParallel(self.tp_group, self.tp, self.tp_rank, sequence_parallel)
+
+    def stage_rank(self, pp_rank: int) -> int:
+        """Global rank of this rank's peer (same tp_rank, dp_rank) on pipeline stage ``pp_rank``."""
+        return self.rank_of(self.tp_rank, pp_rank, self.dp_rank, self.tp, self.dp)
 
     @property
     def is_first_stage(self) -> bool:
@@ -55,6 +131,9 @@ class ParallelTopology:
 
     def stage_layers(self, num_layers: int, pp_rank: int | None = None) -> range:
         """Global block indices held by pipeline stage ``pp_rank`` (even split)."""
+        if num_layers % self.pp:
+            raise ValueError(f"config model.num_layers={num_layers} must be divisible by parallel.pp={self.pp} "
+                             f"(even layer split)")
         r = self.pp_rank if pp_rank is None else pp_rank
         per = num_layers // self.pp
         return range(r * per, (r + 1) * per)

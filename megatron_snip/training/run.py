@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from megatron_snip.config import Config
+from megatron_snip.parallel.topology import ParallelTopology
 from megatron_snip.training.trainer import Trainer
 
 
-def run_training(cfg: Config) -> dict[str, float]:
-    """Train as ``cfg`` says; returns the final evaluation (val losses)."""
-    trainer = Trainer(cfg)
+def run_training(cfg: Config, topo: ParallelTopology | None = None) -> dict[str, float]:
+    """Train as ``cfg`` says on this rank of ``topo`` (None: one process); returns the final evaluation."""
+    trainer = Trainer(cfg, topo)
     callbacks = []
     if cfg.snip.enabled:
         from megatron_snip.snip.controller import SnipController

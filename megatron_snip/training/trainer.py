@@ -4,6 +4,12 @@ One ``Trainer`` per rank. Everything it needs about parallelism comes from the
 ``ParallelTopology`` it is given; collectives live in ``parallel/``. Precision only
 changes through ``apply_plan`` at a step boundary (house rule 2).
 
+Parallelism: the model is this rank's TP shard of its PP stage (``LlamaModel(layers=...,
+tp=...)``); with pp > 1 ``forward_backward`` runs the 1F1B (or GPipe) schedule of
+``parallel/pipeline.py``; after it, ``GradReducer`` sums sequence-parallel grads over TP,
+averages all grads over DP and clips by the global norm over TP x PP. The loss (broadcast
+from the last stage, averaged over DP) and the skip decision are identical on every rank.
+
 Step semantics: optimizer step ``s`` (0-based) consumes global samples
 ``[s*G, (s+1)*G)`` of the shuffled training windows (G = global batch). Those are
 split over DP ranks, then into micro-batches. The LR is a function of ``s``; a
@@ -24,10 +30,13 @@ import torch
 
 from megatron_snip.config import Config
 from megatron_snip.data.pipeline import DataBundle, build_data
-from megatron_snip.model.llama import LlamaModel, count_parameters, cross_entropy_loss, pad_vocab
-from megatron_snip.snip.costs import linear_numel, model_linear_shapes
+from megatron_snip.model.llama import LlamaModel, pad_vocab
+from megatron_snip.parallel import comm
+from megatron_snip.parallel.ddp import GradReducer
+from megatron_snip.parallel.pipeline import run_schedule
 from megatron_snip.parallel.topology import ParallelTopology
-from megatron_snip.precision.plan import GemmId, PrecisionPlan
+from megatron_snip.precision.plan import GemmId, PrecisionPlan, all_gemm_ids
+from megatron_snip.snip.costs import linear_numel, model_linear_shapes
 from megatron_snip.telemetry.logger import RunLogger
 from megatron_snip.training import checkpoint as ckpt
 from megatron_snip.training.lr import lr_at
@@ -89,6 +98,10 @@ class Trainer:
     def __init__(self, cfg: Config, topo: ParallelTopology | None = None, logger: RunLogger | None = None) -> None:
         self.topo = topo or ParallelTopology.single()
         self.cfg = cfg.validate(self.topo.world_size)
+        if (self.topo.tp, self.topo.pp) != (cfg.parallel.tp, cfg.parallel.pp):
+            raise ValueError(f"config parallel.tp={cfg.parallel.tp} parallel.pp={cfg.parallel.pp} but the process "
+                             f"topology has tp={self.topo.tp} pp={self.topo.pp}; build it with "
+                             f"init_distributed(cfg.parallel.tp, cfg.parallel.pp)")
         t = cfg.training
         self.run_dir = Path(t.run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
@@ -96,16 +109,26 @@ class Trainer:
         self.autocast_dtype = resolve_autocast_dtype(t.dtype, self.device)
         self.is_writer = self.topo.rank == 0
 
-        self.data: DataBundle = build_data(cfg, is_writer=self.is_writer)
+        self.data: DataBundle = self._build_data()
         self.vocab_size = cfg.model.vocab_size or pad_vocab(self.data.tokenizer.vocab_size)
         if self.vocab_size < self.data.tokenizer.vocab_size:
             raise ValueError(f"config model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's "
                              f"{self.data.tokenizer.vocab_size}; set it to 0 to take the tokenizer's")
+        if self.vocab_size % self.topo.tp:
+            raise ValueError(f"config model.vocab_size={self.vocab_size} must be divisible by parallel.tp={self.topo.tp} "
+                             f"(vocab-parallel embedding); set it to a multiple of {64 * self.topo.tp}")
 
+        # Same seed on every rank: each builds the full weights of its parameters and keeps its slice.
         torch.manual_seed(t.seed)
-        self.model = LlamaModel(cfg.model, self.vocab_size).to(self.device)
+        self.tp = self.topo.tensor_parallel(cfg.parallel.sequence_parallel)
+        self.model = LlamaModel(cfg.model, self.vocab_size, layers=self.topo.stage_layers(cfg.model.num_layers),
+                                pre_process=self.topo.is_first_stage, post_process=self.topo.is_last_stage,
+                                tp=self.tp).to(self.device)
+        self.grads = GradReducer(self.model.parameters(), self.topo)
         self.optimizer = build_optimizer(self.model, t, self.device)
-        # Stochastic rounding draws from one generator owned by the trainer and checkpointed.
+        # Stochastic rounding draws from one generator owned by the trainer and checkpointed. It is
+        # seeded alike on every rank: DP replicas consume it identically, so DP rank 0's saved
+        # state restores every replica exactly.
         self.quant_generator = torch.Generator(device=self.device).manual_seed(t.seed + 1)
         self.model.set_quant_generator(self.quant_generator)
         self.linear_numel = linear_numel(model_linear_shapes(cfg.model))
@@ -115,7 +138,9 @@ class Trainer:
         self.consecutive_skips = 0
         self.plan_history: list[PrecisionPlan] = []
         self.extra_state: dict[str, Any] = {}  # callbacks' checkpointed state (e.g. the SNIP controller's)
-        self.plan: PrecisionPlan = resolve_initial_plan(cfg, self.model.gemm_ids(), self.linear_numel)
+        # Plans name every GEMM of the model; each pipeline stage applies the entries of its own layers.
+        self.all_gemm_ids = all_gemm_ids(cfg.model.num_layers)
+        self.plan: PrecisionPlan = resolve_initial_plan(cfg, self.all_gemm_ids, self.linear_numel)
 
         self.logger = logger or RunLogger(self.run_dir, is_writer=self.is_writer,
                                           progress_total=t.max_steps if t.progress else None)
@@ -125,16 +150,38 @@ class Trainer:
             self.load_latest()
         self.apply_plan(self.plan, record=not t.resume)
 
+    def _build_data(self) -> DataBundle:
+        # Rank 0 tokenizes into the cache first; the others then only read it.
+        world = self.topo.world_group
+        if self.topo.is_distributed and not self.is_writer:
+            comm.barrier(world)
+        data = build_data(self.cfg, is_writer=self.is_writer)
+        if self.topo.is_distributed and self.is_writer:
+            comm.barrier(world)
+        return data
+
     # --- precision ----------------------------------------------------------------
     def apply_plan(self, plan: PrecisionPlan, *, record: bool = True) -> None:
         """Switch every linear to ``plan`` (call only between steps) and record it in the run dir."""
-        plan.validate(self.model.gemm_ids())
+        plan.validate(self.all_gemm_ids)
+        self._check_plan_shapes(plan)
         self.model.apply_plan(plan)
         self.plan = plan
         if record:
             self.plan_history.append(plan)
             if self.is_writer:
                 ckpt.atomic_write_text(self.run_dir / "plans" / f"step_{plan.step:06d}.json", plan.to_json())
+
+    def _check_plan_shapes(self, plan: PrecisionPlan) -> None:
+        """Refuse a plan whose formats do not fit some stage's local GEMM shapes - on every rank
+        at once (a stage raising alone would leave its neighbours waiting in the pipeline)."""
+        t = self.cfg.training
+        errors = self.model.plan_shape_errors(plan, t.micro_batch_size * t.seq_len)
+        everyone = [e for errs in comm.all_gather_object(errors, self.topo.world_group) for e in errs]
+        if everyone:
+            more = f" (+{len(everyone) - 3} more)" if len(everyone) > 3 else ""
+            raise ValueError(f"precision plan {plan.policy!r} (step {plan.step}) cannot run on this model/layout: "
+                             + "; ".join(everyone[:3]) + more)
 
     # --- batches --------------------------------------------------------------------
     @property
@@ -156,21 +203,58 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def forward_loss(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Mean cross entropy of one micro-batch (B, S+1)."""
+        """Mean cross entropy of one micro-batch (B, S+1) through the whole model (pp == 1 only)."""
+        if self.topo.pp > 1:
+            raise RuntimeError("forward_loss runs the whole model on one rank; with parallel.pp > 1 use "
+                               "forward_backward (training) or evaluate_batch (no grad)")
         with self._autocast():
             logits = self.model(tokens[:, :-1])
-        return cross_entropy_loss(logits, tokens[:, 1:])
+        return self.model.loss(logits, tokens[:, 1:])
+
+    def _activation_shape(self, tokens: torch.Tensor) -> tuple[int, int, int]:
+        """Shape of the hidden states passed between pipeline stages for a (B, S+1) micro-batch."""
+        seq = tokens.shape[1] - 1
+        if self.tp.sequence_parallel:
+            seq //= self.tp.size
+        return (tokens.shape[0], seq, self.cfg.model.hidden_size)
+
+    def _pipelined(self, micro: list[torch.Tensor], *, forward_only: bool) -> torch.Tensor:
+        n = len(micro)
+
+        def stage_step(i: int, x: torch.Tensor | None) -> torch.Tensor:
+            tokens = micro[i]
+            with self._autocast():
+                out = self.model(tokens[:, :-1] if self.topo.is_first_stage else x)
+            if self.topo.is_last_stage:
+                return self.model.loss(out, tokens[:, 1:]) / n
+            return out.float()  # the residual stream is fp32; it travels as fp32
+
+        return run_schedule(stage_step, n, self.topo, activation_shape=self._activation_shape(micro[0]),
+                            dtype=torch.float32, device=self.device, schedule=self.cfg.parallel.pp_schedule,
+                            forward_only=forward_only)
 
     def forward_backward(self, micro: list[torch.Tensor]) -> torch.Tensor:
         """Accumulate gradients of the mean loss over ``micro`` (this rank's micro-batches,
-        each (B, S+1)); returns that mean loss (detached scalar). No optimizer step - the SNIP
-        statistics pass reuses this on its probe batches."""
+        each (B, S+1)); returns that mean loss (detached fp32 scalar, the same on every pipeline
+        stage and TP rank; not averaged over DP). With pp > 1 this runs the pipeline schedule.
+
+        No optimizer step and no gradient reduction over DP (``train_step`` does that via
+        ``self.grads.reduce()``) - the SNIP statistics pass reuses this on its probe batches."""
+        if self.topo.pp > 1:
+            return self._pipelined(micro, forward_only=False)
         total = torch.zeros((), device=self.device)
         for tokens in micro:
             loss = self.forward_loss(tokens) / len(micro)
             loss.backward()
             total += loss.detach()
         return total
+
+    @torch.no_grad()
+    def evaluate_batch(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Mean loss of one (B, S+1) batch without gradients (pipelined when pp > 1); same on every rank."""
+        if self.topo.pp > 1:
+            return self._pipelined([tokens], forward_only=True)
+        return self.forward_loss(tokens).detach().float()
 
     # --- one step ---------------------------------------------------------------------
     def train_step(self, step: int) -> StepResult:
@@ -180,10 +264,15 @@ class Trainer:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
         total = self.forward_backward(self.micro_batches(step))
+        self.grads.reduce()
+        loss = comm.all_reduce_mean(total.detach().clone().float(), self.topo.dp_group)
         clip = self.cfg.training.grad_clip or math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip, foreach=True)
-        loss_value, norm_value = float(total), float(grad_norm)
-        if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
+        grad_norm = self.grads.clip_(clip)
+        # One decision for all ranks: any rank seeing a non-finite loss or norm skips everywhere.
+        bad = (~torch.isfinite(loss) | ~torch.isfinite(grad_norm)).float().reshape(())
+        comm.all_reduce_max(bad, self.topo.world_group)
+        loss_value, norm_value = float(loss), float(grad_norm)
+        if bad.item() > 0:
             # NaN/Inf guard: leave weights and optimizer state untouched.
             self.optimizer.zero_grad(set_to_none=True)
             return StepResult(loss_value, norm_value, skipped=True)
@@ -200,7 +289,7 @@ class Trainer:
             losses = []
             for i in range(t.eval_batches):
                 tokens = ds.batch(i * t.micro_batch_size, t.micro_batch_size).to(self.device)
-                losses.append(float(self.forward_loss(tokens)))
+                losses.append(float(self.evaluate_batch(tokens)))
             key = "val_loss" if name == "valid" else f"val_loss_{name}"
             out[key] = sum(losses) / len(losses)
         self.model.train()
@@ -215,7 +304,7 @@ class Trainer:
         callbacks = callbacks or []
         tokens_per_step = t.global_batch_size * t.seq_len
         if self.step == 0:
-            self.logger.info(f"model: {count_parameters(self.model) / 1e6:.2f}M parameters, vocab {self.vocab_size}, "
+            self.logger.info(f"model: {self.grads.global_numel() / 1e6:.2f}M parameters, vocab {self.vocab_size}, "
                              f"{self.topo.describe()}, device {self.device}, autocast {self.autocast_dtype}, "
                              f"plan {self.plan.policy} (FP4 share {self.plan.fp4_flops_share:.2f})")
         last_eval: dict[str, float] = {}
@@ -274,16 +363,24 @@ class Trainer:
         }
 
     def save(self) -> None:
-        """Write this rank's shard, then (rank 0) commit the checkpoint atomically."""
+        """Write this rank's shard (DP rank 0 of each (TP, PP) shard only), wait for every shard,
+        then rank 0 commits the checkpoint atomically; every rank returns after the commit."""
         if self.topo.dp_rank == 0:
-            ckpt.write_shard(self.ckpt_root, self.step, self.state_dict(), self.topo.tp_rank, self.topo.pp_rank)
+            state = self.state_dict()
+            state["layout"] = {"tp": self.topo.tp, "pp": self.topo.pp, "tp_rank": self.topo.tp_rank,
+                               "pp_rank": self.topo.pp_rank, "layers": list(self.model.layer_ids)}
+            ckpt.write_shard(self.ckpt_root, self.step, state, self.topo.tp_rank, self.topo.pp_rank)
+        comm.barrier(self.topo.world_group)  # all shards are in the temp dir before the commit
         if self.is_writer:
             meta = {"step": self.step, "tp": self.topo.tp, "pp": self.topo.pp, "dp": self.topo.dp,
-                    "plan_hash": self.plan.hash, "time": time.time()}
+                    "sequence_parallel": self.tp.sequence_parallel, "plan_hash": self.plan.hash, "time": time.time()}
             ckpt.commit(self.ckpt_root, self.step, meta, keep=self.cfg.training.keep_checkpoints)
+        comm.barrier(self.topo.world_group)  # nobody reads or re-saves before the commit is done
 
     def load_latest(self) -> None:
-        step = ckpt.latest_checkpoint(self.ckpt_root)
+        # Rank 0 picks the step so every rank loads the same checkpoint.
+        step = comm.broadcast_object(ckpt.latest_checkpoint(self.ckpt_root) if self.is_writer else None, 0,
+                                     self.topo.world_group)
         if step is None:
             self.logger.info(f"training.resume=true but no checkpoint in {self.ckpt_root}; starting from scratch")
             return
@@ -293,6 +390,11 @@ class Trainer:
                              f"pp={meta.get('pp')}, this run has parallel.tp={self.topo.tp} parallel.pp={self.topo.pp}; "
                              f"resume with the same layout")
         state = ckpt.read_shard(self.ckpt_root, step, self.topo.tp_rank, self.topo.pp_rank)
+        layout = state.get("layout")
+        if layout is not None and layout["layers"] != list(self.model.layer_ids):
+            raise ValueError(f"checkpoint shard for tp_rank={self.topo.tp_rank} pp_rank={self.topo.pp_rank} holds "
+                             f"layers {layout['layers']}, this stage has {list(self.model.layer_ids)}; resume with "
+                             f"the same model.num_layers and parallel.pp")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = state["step"]
