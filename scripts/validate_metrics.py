@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             d = div[key][f]
             row.update(dL_pred=d.loss, dL_pred_first=d.loss_first_order, dL_pred_second=d.loss_second_order,
                        dW_pred=d.weight, dW_pred_wgrad=d.weight_wgrad, dW_pred_dgrad=d.weight_dgrad,
-                       curvature=curvature(snapshot["linears"][key]), prop_gain=propagation_gain(snapshot["linears"][key]),
+                       curvature=curvature(snapshot["linears"][key]), prop_gain=propagation_gain(snapshot, key),
                        rel_err_y=math.sqrt(snapshot["linears"][key]["per_format"][f]["sq_ey"] / snapshot["linears"][key]["sq_y"]))
             rows.append(row)
     truth_s = time.perf_counter() - t0

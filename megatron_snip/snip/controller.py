@@ -24,9 +24,11 @@ from typing import Any
 import torch
 
 from megatron_snip.config import Config
+from megatron_snip.parallel import comm
 from megatron_snip.precision.plan import PrecisionPlan
 from megatron_snip.snip import ilp
 from megatron_snip.snip.costs import linear_numel, model_linear_shapes
+from megatron_snip.snip.gather import reduce_snapshot
 from megatron_snip.snip.metrics import predicted_divergence, relative_error_costs, snip_costs
 from megatron_snip.snip.policies import PlanContext, SolveTimeoutError, make_plan, parse_policy
 from megatron_snip.snip.stats import ProbeConfig, StatsCollector
@@ -84,43 +86,63 @@ class SnipController:
                 for i in range(n)]
 
     def replan(self, trainer: Any, step: int) -> PrecisionPlan:
-        """Collect -> metrics -> solve -> apply. Returns the plan in force afterwards."""
-        s = self.cfg.snip
+        """Collect (every rank) -> reduce -> metrics + solve (global rank 0) -> broadcast -> apply
+        (every rank, same step). Returns the plan in force afterwards."""
+        s, topo = self.cfg.snip, trainer.topo
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
         snapshot = None
-        costs = None
         if self.needs_stats():
-            snapshot = self.collector.collect(trainer, self.probe_batches(trainer, step), step)
-            timings.update({f"stats_{k}": v for k, v in snapshot["timings"].items()})
+            local = self.collector.collect(trainer, self.probe_batches(trainer, step), step)
+            snapshot = reduce_snapshot(local, topo)
+            timings.update({f"stats_{k}": v for k, v in local["timings"].items()})
             timings["stats_s"] = time.perf_counter() - t0
-            t1 = time.perf_counter()
-            costs = (snip_costs(snapshot, s.weight_divergence_weight) if self.spec.name == "snip"
-                     else relative_error_costs(snapshot))
-            timings["metrics_s"] = time.perf_counter() - t1
-        ctx = PlanContext(num_layers=self.cfg.model.num_layers, linear_numel=self.linear_numel, formats=tuple(s.formats),
-                          fp4_target=s.fp4_target, granularity=s.granularity, seed=s.seed, step=step,
-                          max_deterministic_time=s.solver_max_time,
-                          stage_of_layer=stage_map(self.cfg.model.num_layers, self.cfg.parallel.pp))
-        t1 = time.perf_counter()
         previous = trainer.plan
-        try:
-            plan = make_plan(self.policy, ctx, costs, previous=previous if previous.policy == self.policy else None)
-        except (SolveTimeoutError, ilp.InfeasibleError) as e:
-            trainer.logger.info(f"re-plan at step {step}: solve failed ({e}); keeping the previous plan {previous.hash}")
+        decision: dict[str, Any] = {}
+        if topo.rank == 0:
+            decision = self._decide(snapshot, step, previous, timings)
+        decision = comm.broadcast_object(decision, 0, topo.world_group)
+        timings.update(decision.get("timings", {}))
+        if "error" in decision:
+            trainer.logger.info(f"re-plan at step {step}: {decision['error']}; keeping the previous plan {previous.hash}")
             return previous
-        timings["solve_s"] = time.perf_counter() - t1
+        plan = PrecisionPlan.from_json_dict(decision["plan"])  # checks the broadcast hash
+        hashes = comm.all_gather_object(plan.hash, topo.world_group)
+        if len(set(hashes)) != 1:
+            raise RuntimeError(f"ranks disagree on the plan made at step {step}: hashes {sorted(set(hashes))}")
         if plan.solver_status == "TIMEOUT":
             trainer.logger.info(f"re-plan at step {step}: CP-SAT timed out without a solution; keeping plan {plan.hash}")
-            return plan
+            return previous
         t1 = time.perf_counter()
         trainer.apply_plan(plan)
         timings["apply_s"] = time.perf_counter() - t1
         timings["replan_total_s"] = time.perf_counter() - t0
         self.replans += 1
-        predicted = predicted_divergence(costs, plan.as_dict()) if costs is not None else None
-        self._record(trainer, plan, snapshot, timings, predicted)
+        self._record(trainer, plan, snapshot, timings, decision.get("predicted"))
         return plan
+
+    def _decide(self, snapshot: dict | None, step: int, previous: PrecisionPlan,
+                timings: dict[str, float]) -> dict[str, Any]:
+        """Metrics and solve on global rank 0: {"plan": json, "predicted", "timings"} or {"error"}."""
+        s = self.cfg.snip
+        t1 = time.perf_counter()
+        costs = None
+        if snapshot is not None:
+            costs = (snip_costs(snapshot, s.weight_divergence_weight) if self.spec.name == "snip"
+                     else relative_error_costs(snapshot))
+        out_timings = {"metrics_s": time.perf_counter() - t1}
+        ctx = PlanContext(num_layers=self.cfg.model.num_layers, linear_numel=self.linear_numel, formats=tuple(s.formats),
+                          fp4_target=s.fp4_target, granularity=s.granularity, seed=s.seed, step=step,
+                          max_deterministic_time=s.solver_max_time,
+                          stage_of_layer=stage_map(self.cfg.model.num_layers, self.cfg.parallel.pp))
+        t1 = time.perf_counter()
+        try:
+            plan = make_plan(self.policy, ctx, costs, previous=previous if previous.policy == self.policy else None)
+        except (SolveTimeoutError, ilp.InfeasibleError) as e:
+            return {"error": f"solve failed ({e})"}
+        out_timings["solve_s"] = time.perf_counter() - t1
+        predicted = predicted_divergence(costs, plan.as_dict()) if costs is not None else None
+        return {"plan": plan.to_json_dict(), "predicted": predicted, "timings": out_timings}
 
     def _record(self, trainer: Any, plan: PrecisionPlan, snapshot: dict | None, timings: dict[str, float],
                 predicted: float | None) -> None:

@@ -8,7 +8,7 @@ each with its own loss L_b, G_b = ∂L_b/∂Y_b):
         ΔW_wgrad = ‖ē_dW(f) ⊘ (√v̂+eps)‖ / ‖u‖          (this layer's own update error)
         ΔW_dgrad = γ_ℓ · ‖ē_dX(f)‖ / ‖u‖               (error propagated to earlier layers)
 
-where κ_ℓ = curv_num / curv_den (Hutchinson, antithetic), γ_ℓ = sqrt(prop_num / prop_den)
+where κ_ℓ = curv_num / curv_den (Hutchinson, antithetic), γ_ℓ = sqrt(num / den) of the propagation pass
 (preconditioned gain of a unit upstream gradient), ḡ, ē the probe-mean gradient and errors.
 Each metric is then divided by its total over all linears at the harshest candidate
 format, so both are fractions of comparable size, and the cost of a GEMM is
@@ -48,8 +48,9 @@ def curvature(s: Mapping[str, Any]) -> float:
     return s["curv_num"] / s["curv_den"] if s["curv_den"] > 0 else 0.0
 
 
-def propagation_gain(s: Mapping[str, Any]) -> float:
-    return math.sqrt(s["prop_num"] / s["prop_den"]) if s["prop_den"] > 0 else 0.0
+def propagation_gain(snapshot: Mapping[str, Any], key: str) -> float:
+    p = snapshot["propagation"].get(key, {"num": 0.0, "den": 0.0})
+    return math.sqrt(p["num"] / p["den"]) if p["den"] > 0 else 0.0
 
 
 def linear_divergences(snapshot: Mapping[str, Any]) -> dict[str, dict[str, LinearDivergence]]:
@@ -58,7 +59,7 @@ def linear_divergences(snapshot: Mapping[str, Any]) -> dict[str, dict[str, Linea
     update_norm = math.sqrt(snapshot["total_sq_update"]) or 1.0
     out: dict[str, dict[str, LinearDivergence]] = {}
     for key, s in snapshot["linears"].items():
-        kappa, gamma = max(curvature(s), 0.0), propagation_gain(s)
+        kappa, gamma = max(curvature(s), 0.0), propagation_gain(snapshot, key)
         out[key] = {
             f: LinearDivergence(
                 loss_first_order=pf["abs_grad_dot_ey"] / n,

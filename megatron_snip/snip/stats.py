@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from megatron_snip.model.layers import PrecisionLinear
-from megatron_snip.precision.plan import GemmPrecision
+from megatron_snip.precision.plan import LINEARS, GemmPrecision
 
 BF16 = GemmPrecision()
 
@@ -58,9 +58,10 @@ class _Record:
     """Per-linear scratch for one probe micro-batch."""
 
     x: torch.Tensor | None = None  # (T, K) detached input
-    x_graph: torch.Tensor | None = None  # the input as a node of the autograd graph (pass 3)
     g: torch.Tensor | None = None  # (T, N) dL/dY
-    noise: torch.Tensor | None = None  # (T, N) forward noise of the current draw
+    noise: torch.Tensor | None = None  # (T, N) forward noise of the current draw (pass 2)
+    grad_noise_sigma: float = 0.0  # > 0: add N(0, σ²) to the gradient of X (pass 3)
+    grad_noise_sq: float = 0.0  # ‖ε‖² of the injected gradient noise
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -101,16 +102,23 @@ class StatsCollector:
 
     # --- probes installed on PrecisionLinear.probe -------------------------------------
     @contextlib.contextmanager
-    def _probes(self, linears: list[PrecisionLinear], mode: str, records: dict[str, _Record]) -> Iterator[None]:
+    def _probes(self, linears: list[PrecisionLinear], mode: str, records: dict[str, _Record],
+                gen: torch.Generator | None = None) -> Iterator[None]:
+        """Route every linear's GEMM through a BF16 probe: mode "record" keeps X and G, "noise"
+        adds ``records[k].noise`` to Y and keeps G, "plain" only runs BF16 (and any gradient
+        noise injection the record asks for)."""
         def make(rec: _Record):
             def probe(module: PrecisionLinear, x: torch.Tensor) -> torch.Tensor:
+                if rec.grad_noise_sigma > 0 and x.requires_grad:
+                    eps = torch.randn(x.shape, generator=gen, device=x.device) * rec.grad_noise_sigma
+                    rec.grad_noise_sq += float(eps.pow(2).sum())
+                    x.register_hook(lambda g: g + eps.to(g.dtype))
                 y = module.local_gemm(x, BF16)
                 if mode == "record":
                     rec.x = x.detach()
-                    rec.x_graph = x
-                elif mode == "noise" and rec.noise is not None:
+                if rec.noise is not None:
                     y = y + rec.noise.view_as(y).to(y.dtype)
-                if y.requires_grad:
+                if y.requires_grad and mode != "plain":
                     y.register_hook(lambda g: setattr(rec, "g", g.detach()))
                 return y
 
@@ -143,7 +151,7 @@ class StatsCollector:
         output_shapes: list[dict[str, torch.Size]] = []  # per probe batch: each linear's Y shape
         for tokens in probe_batches:
             records = {k: _Record() for k in keys}
-            with self._probes(linears, "record", records):
+            with self._probes(linears, "record", records, gen):
                 losses.append(float(trainer.forward_backward([tokens])))
             output_shapes.append({k: records[k].g.shape for k in keys})
             for k, lin in zip(keys, linears):
@@ -185,7 +193,7 @@ class StatsCollector:
                 g_pm = []
                 for sign in (1.0, -1.0):
                     records = {k: _Record(noise=noise[k] * sign) for k in keys}
-                    with self._probes(linears, "noise", records):
+                    with self._probes(linears, "noise", records, gen):
                         trainer.forward_backward([tokens])
                     g_pm.append({k: records[k].g for k in keys})
                     optimizer.zero_grad(set_to_none=True)
@@ -198,7 +206,7 @@ class StatsCollector:
 
         # Pass 3: exact propagation gain of dgrad errors to earlier parameters.
         t0 = time.perf_counter()
-        self._propagation_pass(trainer, linears, keys, probe_batches[0], denominators, sums, gen)
+        propagation = self._propagation_pass(trainer, linears, keys, probe_batches[0], denominators, sums, gen, harshest)
         optimizer.zero_grad(set_to_none=True)
         timings["backward_noise_pass_s"] = time.perf_counter() - t0
 
@@ -210,6 +218,7 @@ class StatsCollector:
             "total_sq_update": total_sq_update,
             "replicas": 1,
             "linears": sums,
+            "propagation": propagation,
             "timings": timings,
         }
 
@@ -250,22 +259,48 @@ class StatsCollector:
 
     def _propagation_pass(self, trainer: Any, linears: list[PrecisionLinear], keys: list[str], tokens: torch.Tensor,
                           denominators: dict[int, torch.Tensor], sums: dict[str, dict[str, Any]],
-                          gen: torch.Generator) -> None:
-        tokens = tokens[: self.cfg.propagation_sequences]
-        records = {k: _Record() for k in keys}
-        with self._probes(linears, "record", records):
-            trainer.forward_loss(tokens)  # builds the graph; inputs kept in records[*].x_graph
-        params = [p for p in trainer.model.parameters() if id(p) in denominators]
-        for k in keys:
-            x = records[k].x_graph
-            if x is None or not x.requires_grad:
-                continue
-            eps = torch.randn(x.shape, generator=gen, device=x.device, dtype=x.dtype)
-            grads = torch.autograd.grad(x, params, grad_outputs=eps, retain_graph=True, allow_unused=True)
-            sq = sum(float((g.float() / denominators[id(p)]).pow(2).sum()) for p, g in zip(params, grads) if g is not None)
-            sums[k]["prop_num"] += sq
-            sums[k]["prop_den"] += float(eps.float().pow(2).sum())
+                          gen: torch.Generator, harshest: str) -> dict[str, dict[str, float]]:
+        """Gain of an error in each linear's input gradient on the AdamW-preconditioned gradients
+        of everything before it: {"<layer>.<linear>": {"num": Σ‖J·ε ⊘ (√v̂+eps)‖², "den": ‖ε‖²}}.
 
+        One reference forward/backward, then one per linear of the *whole model* with Gaussian
+        noise ε (at the scale of the harshest format's dgrad error) added to the gradient of
+        that linear's input X. Backprop is linear in the upstream gradient, so each parameter
+        gradient changes by exactly J·ε - across pipeline stages and TP collectives like any
+        gradient. Every rank walks the same global list of linears (so collectives match);
+        only the owner injects - for a column-parallel linear, whose X is replicated over TP,
+        only TP rank 0. Each rank reports its own parameters' share of "num" and its injected
+        "den"; the controller sums both over TP and PP ranks.
+        """
+        tokens = tokens[: self.cfg.propagation_sequences]
+        optimizer = trainer.optimizer
+        params = [p for p in trainer.model.parameters() if id(p) in denominators]
+        by_key = dict(zip(keys, linears))
+        tp_rank = getattr(getattr(trainer, "topo", None), "tp_rank", 0)
+
+        def gradients(inject: str | None) -> tuple[list[torch.Tensor | None], float]:
+            optimizer.zero_grad(set_to_none=True)
+            records = {k: _Record() for k in keys}
+            if inject is not None:
+                s = sums[inject]
+                numel_x = max(1, s["tokens"] * s["shape"][1])
+                records[inject].grad_noise_sigma = math.sqrt(s["per_format"][harshest]["sq_edx"] / numel_x) or 1e-12
+            with self._probes(linears, "plain", records, gen):
+                trainer.forward_backward([tokens])
+            grads = [None if p.grad is None else p.grad.detach().clone() for p in params]
+            return grads, (records[inject].grad_noise_sq if inject is not None else 0.0)
+
+        reference, _ = gradients(None)
+        out: dict[str, dict[str, float]] = {}
+        num_layers = trainer.cfg.model.num_layers
+        for key in (f"{layer}.{lin}" for layer in range(num_layers) for lin in LINEARS):
+            owner = by_key.get(key)
+            inject = key if owner is not None and (tp_rank == 0 or not _input_replicated_over_tp(owner)) else None
+            grads, den = gradients(inject)
+            num = sum(float(((g - g0).float() / denominators[id(p)]).pow(2).sum())
+                      for p, g, g0 in zip(params, grads, reference) if g is not None and g0 is not None)
+            out[key] = {"num": num, "den": den}
+        return out
 
 def quantized_gemms(lin: PrecisionLinear, x_tk: torch.Tensor, g_tn: torch.Tensor,
                     precision: GemmPrecision) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -304,7 +339,7 @@ def _empty_linear_sums(lin: PrecisionLinear, formats: tuple[str, ...]) -> dict[s
         "layer": lin.layer, "linear": lin.linear, "shape": [lin.out_features, lin.in_features],
         "tokens": 0, "numel_y": 0, "sq_x": 0.0, "sq_w": 0.0, "sq_y": 0.0, "sq_g": 0.0, "sq_dx": 0.0,
         "sq_dw": 0.0, "sq_dw_precond": 0.0, "sq_m": 0.0, "sq_v": 0.0,
-        "curv_num": 0.0, "curv_den": 0.0, "prop_num": 0.0, "prop_den": 0.0, "noise_sigma": 0.0,
+        "curv_num": 0.0, "curv_den": 0.0, "noise_sigma": 0.0,
         "per_format": {f: {k: 0.0 for k in PER_FORMAT_KEYS} for f in formats},
     }
 
@@ -314,6 +349,13 @@ def _add_adam_norms(optimizer: torch.optim.Optimizer, param: torch.Tensor, s: di
     if "exp_avg" in state:
         s["sq_m"] = float(state["exp_avg"].pow(2).sum())
         s["sq_v"] = float(state["exp_avg_sq"].pow(2).sum())
+
+
+def _input_replicated_over_tp(lin: PrecisionLinear) -> bool:
+    """Column-parallel linears see the whole (replicated or all-gathered) input on every TP rank."""
+    from megatron_snip.model.layers import ColumnParallelLinear
+
+    return isinstance(lin, ColumnParallelLinear) and lin.tp.size > 1
 
 
 def key_of(lin: PrecisionLinear) -> str:

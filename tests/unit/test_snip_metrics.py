@@ -9,6 +9,7 @@ exactly. Weight divergences are checked against hand-computed AdamW-precondition
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -47,6 +48,7 @@ class QuadraticTrainer:
 
     def __init__(self, two: bool = False, seed: int = 0) -> None:
         torch.manual_seed(seed)
+        self.cfg = SimpleNamespace(model=SimpleNamespace(num_layers=1))
         self.device = torch.device("cpu")
         self.model = Chain(two)
         self.target_map = torch.randn(N, K) * 0.3
@@ -123,8 +125,8 @@ def test_propagation_gain_matches_jacobian_norm():
     snap = StatsCollector(ProbeConfig(formats=("fp8",), noise_draws=1, propagation_sequences=T)).collect(tr, [x], 1)
     # Upstream noise ε (T, H) at fc2's input reaches only fc1's weight: δ = εᵀ·X, so
     # E‖δ‖² / E‖ε‖² = ‖X‖² / T. One draw of T·H = 4096 normals concentrates within a few %.
-    assert propagation_gain(snap["linears"]["0.fc2"]) == pytest.approx(float(x.norm()) / math.sqrt(T), rel=0.1)
-    assert propagation_gain(snap["linears"]["0.fc1"]) == 0.0  # its input is the data: nothing upstream
+    assert propagation_gain(snap, "0.fc2") == pytest.approx(float(x.norm()) / math.sqrt(T), rel=0.1)
+    assert propagation_gain(snap, "0.fc1") == 0.0  # its input is the data: nothing upstream
 
 
 def test_normalized_costs_and_baseline_costs():

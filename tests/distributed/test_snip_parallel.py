@@ -1,0 +1,68 @@
+"""Distributed SNIP on TP=2 x PP=2 (4 gloo ranks): statistics reduced to the whole model, one
+plan solved on rank 0, broadcast, and applied with the same hash everywhere.
+
+Exactness check: the fp8 forward error ‖e_Y‖² of the column-parallel linears (qkv, fc1) is a
+sum over output shards, and fp8's tensor scale is made whole-tensor by the TP amax reduction,
+so the reduced value must equal the single-process one up to fp32 summation order (1e-4).
+"""
+
+from __future__ import annotations
+
+import pytest
+from dist_harness import run_ranks
+
+from megatron_snip.config import load_config
+from megatron_snip.parallel.distributed import init_distributed
+from megatron_snip.snip.controller import SnipController
+from megatron_snip.training.trainer import Trainer
+
+TINY = "launch/configs/tiny.toml"
+BASE = [
+    "model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=64", "model.num_attention_heads=4",
+    "model.num_kv_heads=2", "training.seq_len=32", "training.micro_batch_size=4", "training.global_batch_size=8",
+    "training.warmup_steps=1", "training.eval_batches=1", "training.eval_interval=1000", "training.progress=false",
+    "data.valid_paths=[]", "snip.enabled=true", "snip.policy=snip", "snip.formats=[\"fp8\",\"nvfp4\"]",
+    "snip.warmup=1", "snip.interval=2", "snip.probe_batches=1", "snip.noise_draws=1", "training.max_steps=4",
+]
+
+
+def _train(topo, overrides):
+    cfg = load_config(TINY, overrides)
+    tr = Trainer(cfg, topo)
+    ctl = SnipController(cfg, tr)
+    snapshots = []
+    real = ctl.replan
+
+    def replan(trainer, step):
+        plan = real(trainer, step)
+        snapshots.append(trainer.extra_state["snip"]["last_stats"])
+        return plan
+
+    ctl.replan = replan
+    tr.fit([ctl])
+    tr.logger.close()
+    return {"hashes": [p.hash for p in tr.plan_history], "snapshots": snapshots, "rank": tr.topo.rank}
+
+
+def _worker(rank, world, overrides):
+    cfg = load_config(TINY, overrides)
+    return _train(init_distributed(cfg.parallel.tp, cfg.parallel.pp, device_type="cpu", timeout_s=120), overrides)
+
+
+def test_tp2_pp2_snip_replans_with_one_plan_everywhere(tmp_path):
+    common = BASE + [f"data.cache_dir={tmp_path / 'cache'}"]
+    ref = _train(None, common + [f"training.run_dir={tmp_path / 'ref'}"])
+    par = run_ranks(_worker, 4, (common + [f"training.run_dir={tmp_path / 'par'}", "parallel.tp=2", "parallel.pp=2"],),
+                    timeout_s=360)
+    hashes = {tuple(r["hashes"]) for r in par}
+    assert len(hashes) == 1, f"ranks hold different plans: {hashes}"
+    assert len(next(iter(hashes))) == 3  # the initial bf16 plan + re-plans at steps 1 and 3
+    for r in par:
+        assert len(r["snapshots"]) == 2
+        snap = r["snapshots"][0]
+        assert sorted(snap["linears"]) == sorted(ref["snapshots"][0]["linears"])  # both stages' linears
+        assert all(v["den"] > 0 and v["num"] > 0 for k, v in snap["propagation"].items() if k != "0.qkv")
+        for key in ("0.qkv", "0.fc1", "1.qkv", "1.fc1"):
+            got = snap["linears"][key]["per_format"]["fp8"]["sq_ey"]
+            want = ref["snapshots"][0]["linears"][key]["per_format"]["fp8"]["sq_ey"]
+            assert got == pytest.approx(want, rel=1e-4), key
