@@ -19,6 +19,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="override a config field (repeatable), e.g. --set training.max_steps=60")
     p.add_argument("--dry-run", action="store_true", help="validate and print sizing; start no process group")
     p.add_argument("--world-size", type=int, default=None, help="world size for --dry-run")
+    p.add_argument("--gpu", default=None, choices=["a100", "h100", "h200", "b200", "gb200"],
+                   help="GPU type --dry-run checks the formats against (default: $MEGATRON_SNIP_GPU or h100)")
     return p.parse_args(argv)
 
 
@@ -32,7 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         from megatron_snip.sizing import dry_run_report
 
-        print(dry_run_report(cfg, args.world_size or 1))
+        try:
+            print(dry_run_report(cfg, args.world_size or 1, gpu=args.gpu))
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         return 0
     from megatron_snip.parallel.distributed import destroy_distributed, env_world_size, init_distributed
     from megatron_snip.training.run import run_training

@@ -71,7 +71,10 @@ class SnipController:
 
         plot_precision_map(trainer.plan, Path(self.cfg.training.run_dir) / "precision_map.png",
                            title=f"final plan ({trainer.plan.policy}, step {trainer.plan.step})")
-        plot_timeline(trainer.plan_history, Path(self.cfg.training.run_dir) / "timeline.png")
+        timeline = Path(self.cfg.training.run_dir) / "timeline.png"
+        plot_timeline(trainer.plan_history, timeline)
+        if trainer.wandb is not None:
+            trainer.wandb.log_timeline(timeline, step=trainer.step)
 
     # --- one re-plan ----------------------------------------------------------------------
     def needs_stats(self) -> bool:
@@ -164,7 +167,10 @@ class SnipController:
             atomic_write_text(self.plans_dir / f"step_{step:06d}_stats.json", json.dumps(snapshot))
         from megatron_snip.telemetry.plots import plot_precision_map
 
-        plot_precision_map(plan, self.plans_dir / f"step_{step:06d}.png")
+        png = self.plans_dir / f"step_{step:06d}.png"
+        plot_precision_map(plan, png)
+        if trainer.wandb is not None:
+            trainer.wandb.log_plan(plan, png)
 
 
 def stage_map(num_layers: int, pp: int) -> dict[int, int] | None:

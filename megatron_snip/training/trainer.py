@@ -38,6 +38,7 @@ from megatron_snip.parallel.topology import ParallelTopology
 from megatron_snip.precision.plan import GemmId, PrecisionPlan, all_gemm_ids
 from megatron_snip.snip.costs import linear_numel, model_linear_shapes
 from megatron_snip.telemetry.logger import RunLogger
+from megatron_snip.telemetry.wandb_sink import WandbSink
 from megatron_snip.training import checkpoint as ckpt
 from megatron_snip.training.lr import lr_at
 from megatron_snip.training.optim import build_optimizer
@@ -142,8 +143,11 @@ class Trainer:
         self.all_gemm_ids = all_gemm_ids(cfg.model.num_layers)
         self.plan: PrecisionPlan = resolve_initial_plan(cfg, self.all_gemm_ids, self.linear_numel)
 
+        # Optional W&B mirror of metrics.jsonl and of every plan (rank 0 only; None otherwise).
+        self.wandb = WandbSink.from_config(cfg, self.run_dir, is_writer=self.is_writer) if logger is None else None
         self.logger = logger or RunLogger(self.run_dir, is_writer=self.is_writer,
-                                          progress_total=t.max_steps if t.progress else None)
+                                          progress_total=t.max_steps if t.progress else None,
+                                          sinks=[self.wandb] if self.wandb else [])
         if self.is_writer:
             ckpt.atomic_write_text(self.run_dir / "config.toml", cfg.to_toml())
         if t.resume:
