@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from megatron_snip.atomic_io import atomic_write_text
 from megatron_snip.config import Config
 from megatron_snip.parallel import comm
 from megatron_snip.precision.plan import PrecisionPlan
@@ -32,7 +33,6 @@ from megatron_snip.snip.gather import reduce_snapshot
 from megatron_snip.snip.metrics import predicted_divergence, relative_error_costs, snip_costs
 from megatron_snip.snip.policies import PlanContext, SolveTimeoutError, make_plan, parse_policy
 from megatron_snip.snip.stats import ProbeConfig, StatsCollector
-from megatron_snip.training.checkpoint import atomic_write_text
 
 
 def is_replan_step(step: int, warmup: int, interval: int) -> bool:

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from megatron_snip.atomic_io import atomic_write_text
+
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
 
 
@@ -32,21 +34,6 @@ def step_dir(ckpt_root: Path, step: int) -> Path:
 
 def tmp_dir(ckpt_root: Path, step: int) -> Path:
     return ckpt_root / f".tmp_step_{step:06d}"
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temp file + fsync + rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
 
 
 def write_shard(ckpt_root: Path, step: int, state: dict[str, Any], tp_rank: int = 0, pp_rank: int = 0) -> None:

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from megatron_snip.atomic_io import atomic_write_text
 from megatron_snip.config import Config
 from megatron_snip.data.pipeline import DataBundle, build_data
 from megatron_snip.model.llama import LlamaModel, pad_vocab
@@ -149,7 +150,7 @@ class Trainer:
                                           progress_total=t.max_steps if t.progress else None,
                                           sinks=[self.wandb] if self.wandb else [])
         if self.is_writer:
-            ckpt.atomic_write_text(self.run_dir / "config.toml", cfg.to_toml())
+            atomic_write_text(self.run_dir / "config.toml", cfg.to_toml())
         if t.resume:
             self.load_latest()
         self.apply_plan(self.plan, record=not t.resume)
@@ -174,7 +175,7 @@ class Trainer:
         if record:
             self.plan_history.append(plan)
             if self.is_writer:
-                ckpt.atomic_write_text(self.run_dir / "plans" / f"step_{plan.step:06d}.json", plan.to_json())
+                atomic_write_text(self.run_dir / "plans" / f"step_{plan.step:06d}.json", plan.to_json())
 
     def _check_plan_shapes(self, plan: PrecisionPlan) -> None:
         """Refuse a plan whose formats do not fit some stage's local GEMM shapes - on every rank
