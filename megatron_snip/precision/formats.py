@@ -24,6 +24,46 @@ class Operand(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class Element:
+    """A small floating-point element grid (sign + ``mbits`` mantissa bits).
+
+    Attributes:
+        name: ``"e4m3"``, ``"e5m2"`` or ``"e2m1"`` (OCP names; ml_dtypes
+            ``float8_e4m3fn``, ``float8_e5m2``, ``float4_e2m1fn``).
+        mbits: explicit mantissa bits.
+        emin: exponent of the smallest normal number (values below it are
+            subnormals with the fixed spacing 2**(emin - mbits)).
+        max: largest finite magnitude; quantizers saturate to it.
+    """
+
+    name: str
+    mbits: int
+    emin: int
+    max: float
+
+    @property
+    def emax(self) -> int:
+        """Exponent of ``max`` (floor(log2(max))): 8 for E4M3, 15 for E5M2, 2 for E2M1."""
+        return int(self.max).bit_length() - 1
+
+
+E4M3 = Element("e4m3", mbits=3, emin=-6, max=448.0)
+E5M2 = Element("e5m2", mbits=2, emin=-14, max=57344.0)
+E2M1 = Element("e2m1", mbits=1, emin=0, max=6.0)
+ELEMENTS: dict[str, Element] = {e.name: e for e in (E4M3, E5M2, E2M1)}
+
+
+class Scaling(str, enum.Enum):
+    """How a format scales an operand before rounding its elements."""
+
+    NONE = "none"  # bf16: no quantization at all
+    TENSOR = "tensor"  # one FP32 scale = element.max / amax(tensor)
+    BLOCK_POW2 = "block_pow2"  # per block, 2**floor(log2(element.max / amax(block)))
+    BLOCK_E8M0 = "block_e8m0"  # per block, E8M0 power of two (OCP MX), see Format.e8m0_round_up
+    BLOCK_E4M3_TENSOR = "block_e4m3_tensor"  # NVFP4: E4M3 block scale x FP32 tensor scale
+
+
+@dataclass(frozen=True)
 class Format:
     """One precision format.
 
@@ -36,6 +76,17 @@ class Format:
             use the same 1-D blocks as activations.
         is_fp4: counts towards the FP4 FLOP share.
         description: one line for tables and errors.
+        element: element grid of activations and weights (None for bf16).
+        grad_element: element grid of gradients (None = same as ``element``).
+        scaling: the scaling rule (see ``Scaling``).
+        e8m0_round_up: BLOCK_E8M0 only. True: the scale exponent is rounded up
+            so the block max never saturates (ceil(log2(amax / element.max)),
+            as TE's MXFP8). False: the OCP MX v1.0 rule
+            floor(log2(amax)) - element.emax, where values up to 2x the element
+            max saturate.
+        stochastic_gradients: gradients are rounded stochastically (NVFP4).
+        wgrad_hadamard: both wgrad operands get the 16-point random Hadamard
+            transform (NVFP4).
     """
 
     name: str
@@ -44,6 +95,12 @@ class Format:
     weight_block: tuple[int, int] | None
     is_fp4: bool
     description: str
+    element: Element | None = None
+    grad_element: Element | None = None
+    scaling: Scaling = Scaling.NONE
+    e8m0_round_up: bool = False
+    stochastic_gradients: bool = False
+    wgrad_hadamard: bool = False
 
     def block_for(self, operand: Operand) -> tuple[int, int]:
         """(rows, cols) block of ``operand`` viewed with the reduction dim last; (1, 0) = no blocking."""
@@ -51,16 +108,51 @@ class Format:
             return self.weight_block
         return (1, self.block)
 
+    def element_for(self, operand: Operand) -> Element | None:
+        """The element grid ``operand`` is rounded to (None for bf16)."""
+        if operand is Operand.GRADIENT and self.grad_element is not None:
+            return self.grad_element
+        return self.element
+
+    def stochastic_for(self, operand: Operand) -> bool:
+        """Whether ``operand`` is rounded stochastically in this format."""
+        return self.stochastic_gradients and operand is Operand.GRADIENT
+
+    @property
+    def uses_tensor_amax(self) -> bool:
+        """True when a whole-tensor amax enters the scales (it must be reduced over TP shards)."""
+        return self.scaling in (Scaling.TENSOR, Scaling.BLOCK_E4M3_TENSOR)
+
+    @property
+    def quantizes(self) -> bool:
+        """False for bf16 (the identity)."""
+        return self.scaling is not Scaling.NONE
+
 
 FORMATS: dict[str, Format] = {
     f.name: f
     for f in (
         Format("bf16", 16, 0, None, False, "BF16 reference (no scaling)"),
-        Format("fp8", 8, 0, None, False, "E4M3 fwd / E5M2 grad, per-tensor current scaling"),
-        Format("fp8_block", 8, 128, (128, 128), False, "E4M3, 1x128 tiles, 128x128 weight blocks, pow2 scales"),
-        Format("mxfp8", 8, 32, None, False, "E4M3, 32-element blocks, E8M0 scales (OCP MX)"),
-        Format("nvfp4", 4, 16, (16, 16), True, "E2M1, 16-element blocks, E4M3 scales x FP32 tensor scale"),
-        Format("mxfp4", 4, 32, None, True, "E2M1, 32-element blocks, E8M0 scales (OCP MX)"),
+        Format(
+            "fp8", 8, 0, None, False, "E4M3 fwd / E5M2 grad, per-tensor current scaling",
+            element=E4M3, grad_element=E5M2, scaling=Scaling.TENSOR,
+        ),
+        Format(
+            "fp8_block", 8, 128, (128, 128), False, "E4M3, 1x128 tiles, 128x128 weight blocks, pow2 scales",
+            element=E4M3, scaling=Scaling.BLOCK_POW2,
+        ),
+        Format(
+            "mxfp8", 8, 32, None, False, "E4M3, 32-element blocks, E8M0 scales (OCP MX)",
+            element=E4M3, scaling=Scaling.BLOCK_E8M0, e8m0_round_up=True,
+        ),
+        Format(
+            "nvfp4", 4, 16, (16, 16), True, "E2M1, 16-element blocks, E4M3 scales x FP32 tensor scale",
+            element=E2M1, scaling=Scaling.BLOCK_E4M3_TENSOR, stochastic_gradients=True, wgrad_hadamard=True,
+        ),
+        Format(
+            "mxfp4", 4, 32, None, True, "E2M1, 32-element blocks, E8M0 scales (OCP MX)",
+            element=E2M1, scaling=Scaling.BLOCK_E8M0, e8m0_round_up=False,
+        ),
     )
 }
 

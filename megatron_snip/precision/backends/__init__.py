@@ -1,0 +1,58 @@
+"""GEMM backends: one interface, chosen by ``precision.backend``.
+
+* ``emulated`` - ``gemm.quant_linear``: quantize-dequantize in PyTorch, fp32
+  GEMMs; runs every format everywhere (the reference).
+* ``te`` - Transformer Engine modules with a per-format recipe; needs CUDA and
+  the GPU generation each recipe targets (see ``capability.py``).
+
+Pick one with ``get_backend(name)``; validate the plan's formats at start-up
+with ``capability.require(name, formats, device)``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+
+import torch
+
+from megatron_snip.precision.capability import BACKENDS, check
+from megatron_snip.precision.plan import GemmPrecision
+
+__all__ = ["BACKENDS", "Backend", "get_backend"]
+
+
+class Backend(abc.ABC):
+    """Runs a bias-free linear layer Y = X·Wᵀ with a per-GEMM ``GemmPrecision``."""
+
+    name: str
+
+    def supports(self, fmt: str, device: torch.device | str | None = None) -> tuple[bool, str]:
+        """(ok, reason): can this backend run GEMMs in ``fmt`` on ``device``?"""
+        cap = check(self.name, fmt, device)
+        return cap.ok, cap.reason
+
+    @abc.abstractmethod
+    def linear(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        precision: GemmPrecision,
+        *,
+        amax_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """x (..., K), weight (N, K) -> (..., N) in x's dtype, differentiable w.r.t. both."""
+
+
+def get_backend(name: str, **options: object) -> Backend:
+    """The backend called ``name`` (``"emulated"`` or ``"te"``), built with ``options``."""
+    if name == "emulated":
+        from megatron_snip.precision.backends.emulated import EmulatedBackend
+
+        return EmulatedBackend(**options)  # type: ignore[arg-type]
+    if name == "te":
+        from megatron_snip.precision.backends.te import TEBackend
+
+        return TEBackend(**options)  # type: ignore[arg-type]
+    raise ValueError(f"precision.backend={name!r} is not one of {BACKENDS}")

@@ -1,0 +1,162 @@
+"""Which backend can run which format on which device - asked once, at start-up.
+
+A plan that asks for a format the chosen backend cannot run is an error that
+says why and how to get it, never a silent fallback (ARCHITECTURE.md).
+
+Rules:
+  * ``emulated`` runs every format on every device (the PyTorch quantizers).
+  * ``te`` (Transformer Engine) needs ``transformer_engine`` importable, CUDA,
+    a CUDA device, and per format the compute capability of TE's recipe:
+
+      bf16       >= 8.0 (Ampere)             TE modules with quantization disabled
+      fp8        >= 8.9 (Ada / Hopper)       Float8CurrentScaling
+      fp8_block  >= 9.0 (Hopper)             Float8BlockScaling (TE also wants CUDA >= 12.9)
+      mxfp8      >= 10.0 (Blackwell)         MXFP8BlockScaling (block-scaled tensor cores)
+      nvfp4      >= 10.0 (Blackwell)         NVFP4BlockScaling
+      mxfp4      never: TE has no MXFP4 training recipe - emulated only
+
+    When TE is importable its own availability check (``te.is_*_available``)
+    is consulted too, so driver/cuBLAS limits surface with TE's reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from megatron_snip.precision.formats import FORMATS, get_format
+
+__all__ = ["BACKENDS", "TE_MIN_COMPUTE_CAPABILITY", "Capability", "check", "require"]
+
+BACKENDS: tuple[str, ...] = ("emulated", "te")
+
+# Minimum CUDA compute capability of TE's recipe for each format; None: no TE recipe.
+TE_MIN_COMPUTE_CAPABILITY: dict[str, tuple[int, int] | None] = {
+    "bf16": (8, 0),
+    "fp8": (8, 9),
+    "fp8_block": (9, 0),
+    "mxfp8": (10, 0),
+    "nvfp4": (10, 0),
+    "mxfp4": None,
+}
+assert set(TE_MIN_COMPUTE_CAPABILITY) == set(FORMATS)
+
+# TE's own availability functions per format (public API of transformer_engine.pytorch, TE >= 2.x).
+_TE_AVAILABILITY_FN: dict[str, str] = {
+    "fp8": "is_fp8_available",
+    "fp8_block": "is_fp8_block_scaling_available",
+    "mxfp8": "is_mxfp8_available",
+    "nvfp4": "is_nvfp4_available",
+}
+
+_ARCH_NAMES = {(8, 0): "Ampere", (8, 9): "Ada", (9, 0): "Hopper", (10, 0): "Blackwell"}
+
+
+@dataclass(frozen=True)
+class Capability:
+    """Whether a backend can run a format here, and if not, why."""
+
+    ok: bool
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+# --- probes (module-level so tests can substitute them) ----------------------
+def _te_import_error() -> str | None:
+    """None if ``transformer_engine.pytorch`` imports, else the error text."""
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - ImportError, or a CUDA/driver error raised at import
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def _compute_capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def _te_reports(fmt: str) -> tuple[bool, str] | None:
+    """TE's own verdict for ``fmt`` if this TE version exposes one, else None."""
+    name = _TE_AVAILABILITY_FN.get(fmt)
+    if name is None:
+        return None
+    import transformer_engine.pytorch as te
+
+    fn = getattr(te, name, None)
+    if fn is None:
+        return None
+    try:
+        result = fn(return_reason=True)
+    except TypeError:  # older signature without return_reason
+        return (bool(fn()), "")
+    if isinstance(result, tuple):
+        return bool(result[0]), str(result[1])
+    return bool(result), ""
+
+
+# --- public -------------------------------------------------------------------
+def _check_names(backend: str, fmt: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"precision.backend={backend!r} is not one of {BACKENDS}")
+    get_format(fmt)  # ValueError naming the formats
+
+
+def check(backend: str, fmt: str, device: torch.device | str | None = None) -> Capability:
+    """Can ``backend`` run GEMMs in ``fmt`` on ``device`` (default: the current CUDA device, or CPU)?
+
+    Raises ValueError for an unknown backend or format name (bad input, not a capability).
+    """
+    _check_names(backend, fmt)
+    if backend == "emulated":
+        return Capability(True, "emulated quantizers run every format on every device")
+
+    need = TE_MIN_COMPUTE_CAPABILITY[fmt]
+    if need is None:
+        return Capability(False, f"Transformer Engine has no {fmt} recipe; {fmt} runs only emulated")
+    err = _te_import_error()
+    if err is not None:
+        return Capability(False, f"transformer_engine not importable: {err}")
+    if not _cuda_available():
+        return Capability(False, "CUDA not available (Transformer Engine runs on NVIDIA GPUs only)")
+    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    if dev.type != "cuda":
+        return Capability(False, f"Transformer Engine runs on CUDA devices, not {dev}")
+    have = _compute_capability(dev)
+    if have < need:
+        arch = _ARCH_NAMES.get(need, "")
+        return Capability(
+            False,
+            f"{fmt} in Transformer Engine needs compute capability >= {need[0]}.{need[1]}"
+            f"{f' ({arch})' if arch else ''}; {dev} has {have[0]}.{have[1]}",
+        )
+    verdict = _te_reports(fmt)
+    if verdict is not None and not verdict[0]:
+        return Capability(False, f"Transformer Engine reports {fmt} unavailable: {verdict[1] or 'no reason given'}")
+    return Capability(True, f"{fmt} via Transformer Engine on {dev} (compute capability {have[0]}.{have[1]})")
+
+
+def require(backend: str, formats: Iterable[str], device: torch.device | str | None = None) -> None:
+    """Raise ValueError unless ``backend`` can run every format in ``formats`` on ``device``.
+
+    The message lists each failing format with its reason and the fix.
+    """
+    failures = {}
+    for fmt in sorted(set(formats)):
+        cap = check(backend, fmt, device)
+        if not cap.ok:
+            failures[fmt] = cap.reason
+    if failures:
+        lines = "; ".join(f"{f}: {r}" for f, r in failures.items())
+        raise ValueError(
+            f"precision.backend={backend!r} cannot run the plan's format(s) {sorted(failures)} - {lines}. "
+            'Fix: set precision.backend="emulated" (runs every format, quantize-dequantize in PyTorch), '
+            "or choose formats this device supports."
+        )

@@ -1,0 +1,219 @@
+"""QuantLinear: a linear layer whose three GEMMs each run in a plan-chosen format.
+
+For Y = X·Wᵀ with X (T, K) (leading dims of x flattened into T) and W (N, K):
+
+    fprop  Y  = Q(X) · Q(W)ᵀ            X and W blocked along K
+    dgrad  dX = Q(dY) · Q(Wᵀ)ᵀ          dY and Wᵀ (K, N) blocked along N
+    wgrad  dW = Q(dYᵀ) · Q(Xᵀ)ᵀ         dYᵀ (N, T) and Xᵀ (K, T) blocked along T;
+                                        nvfp4 rotates both by the 16-point RHT
+
+Each GEMM uses its own format (``GemmPrecision.fprop/.dgrad/.wgrad``); Q is
+``quantize.quantize`` with the operand kind that picks element type, blocking
+and stochastic rounding (ACTIVATION X, WEIGHT W, GRADIENT dY).
+
+Arithmetic: a quantized GEMM multiplies the dequantized operands as fp32 and
+accumulates in fp32, then casts to the output dtype (x's dtype for Y and dX,
+the weight's dtype for dW). A ``"bf16"`` GEMM is the unquantized reference: it
+multiplies the raw operands in x's dtype (fp32 x: fp32, exact F.linear; bf16 x:
+a bf16 matmul, as F.linear would - the one place bf16 arithmetic is used).
+
+Memory: backward saves only x and the weight (the same tensors F.linear saves)
+and re-quantizes them; quantized copies are never stored. Re-quantizing W for
+dgrad reads W once; for nvfp4's symmetric 16x16 weight blocks Q(Wᵀ) == Q(W)ᵀ.
+
+Randomness: only gradient operands of formats with stochastic rounding (nvfp4)
+draw from ``generator``: dgrad's Q(dY) first, then wgrad's Q(dYᵀ), one draw of
+two seeds each.
+
+No torch.distributed here: under tensor parallelism the caller passes
+``amax_reduce`` (an all-reduce MAX over the TP group) and it is applied to the
+local amax of every operand whose format has a tensor scale (fp8, nvfp4).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from megatron_snip.precision.formats import Operand, get_format
+from megatron_snip.precision.plan import GEMMS, GemmPrecision
+from megatron_snip.precision.quantize import check_operand_shape, quantize
+
+__all__ = ["QuantLinear", "check_linear_shapes", "quant_linear"]
+
+AmaxReduce = Callable[[torch.Tensor], torch.Tensor]
+
+
+def check_linear_shapes(
+    precision: GemmPrecision, in_features: int, out_features: int, tokens: int | None = None
+) -> None:
+    """Raise ValueError unless every GEMM's operands fit their format's blocks.
+
+    Args:
+        precision: the linear's three formats.
+        in_features: K, the (local, after TP sharding) input features.
+        out_features: N, the (local) output features.
+        tokens: T, tokens per micro-batch (leading dims of x multiplied);
+            None skips the wgrad checks that depend on it.
+    """
+    k, n, t = in_features, out_features, tokens
+    problems: list[str] = []
+
+    def check(gemm: str, what: str, shape: tuple[int, int], operand: Operand, hadamard: bool = False) -> None:
+        try:
+            check_operand_shape(shape, precision[gemm], operand, hadamard=hadamard)
+        except ValueError as e:
+            problems.append(f"{gemm} {what} {shape}: {e}")
+
+    check("fprop", "X", (1, k), Operand.ACTIVATION)
+    check("fprop", "W", (n, k), Operand.WEIGHT)
+    check("dgrad", "dY", (1, n), Operand.GRADIENT)
+    check("dgrad", "W^T", (k, n), Operand.WEIGHT)
+    if t is not None:
+        rht = get_format(precision.wgrad).wgrad_hadamard
+        check("wgrad", "dY^T", (n, t), Operand.GRADIENT, rht)
+        check("wgrad", "X^T", (k, t), Operand.ACTIVATION, rht)
+    if problems:
+        raise ValueError(
+            f"linear {k}->{n} cannot run {precision}: " + "; ".join(problems)
+        )
+
+
+def _gemm_operands(fmt: str, a: torch.Tensor, a_kind: Operand, b: torch.Tensor, b_kind: Operand,
+                   *, hadamard: bool, amax_reduce: AmaxReduce | None, generator: torch.Generator | None,
+                   compiled: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q(a), Q(b) for a GEMM a·bᵀ with both operands' reduction dim last (fp32 results)."""
+    qa = quantize(a, fmt, a_kind, generator=generator, hadamard=hadamard, amax_reduce=amax_reduce, compiled=compiled)
+    qb = quantize(b, fmt, b_kind, generator=generator, hadamard=hadamard, amax_reduce=amax_reduce, compiled=compiled)
+    return qa, qb
+
+
+class _QuantLinearFn(torch.autograd.Function):
+    """Autograd function behind ``quant_linear``; see the module docstring for the math."""
+
+    @staticmethod
+    def forward(ctx, x, weight, precision, amax_reduce, generator, compiled):  # type: ignore[override]
+        x_tk = x.reshape(-1, x.shape[-1])
+        if precision.fprop == "bf16":
+            y_tn = F.linear(x_tk, weight.to(x.dtype))
+        else:
+            qx, qw = _gemm_operands(precision.fprop, x_tk, Operand.ACTIVATION, weight, Operand.WEIGHT,
+                                    hadamard=False, amax_reduce=amax_reduce, generator=None, compiled=compiled)
+            y_tn = (qx @ qw.t()).to(x.dtype)
+        ctx.save_for_backward(x, weight)
+        ctx.precision, ctx.amax_reduce, ctx.generator, ctx.compiled = precision, amax_reduce, generator, compiled
+        return y_tn.reshape(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        precision: GemmPrecision = ctx.precision
+        x_tk = x.reshape(-1, x.shape[-1])
+        dy_tn = dy.reshape(-1, dy.shape[-1])
+        common = {"amax_reduce": ctx.amax_reduce, "generator": ctx.generator, "compiled": ctx.compiled}
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            if precision.dgrad == "bf16":
+                dx_tk = dy_tn.to(x.dtype) @ weight.to(x.dtype)
+            else:
+                # Wᵀ is a transposed view: quantize reads W contiguously, blocks along N.
+                qdy, qwt = _gemm_operands(precision.dgrad, dy_tn, Operand.GRADIENT, weight.t(), Operand.WEIGHT,
+                                          hadamard=False, **common)
+                dx_tk = (qdy @ qwt.t()).to(x.dtype)
+            dx = dx_tk.reshape(x.shape)
+        if ctx.needs_input_grad[1]:
+            if precision.wgrad == "bf16":
+                dw = (dy_tn.to(x.dtype).t() @ x_tk).to(weight.dtype)
+            else:
+                rht = get_format(precision.wgrad).wgrad_hadamard
+                qdyt, qxt = _gemm_operands(precision.wgrad, dy_tn.t(), Operand.GRADIENT, x_tk.t(), Operand.ACTIVATION,
+                                           hadamard=rht, **common)
+                dw = (qdyt @ qxt.t()).to(weight.dtype)
+        return dx, dw, None, None, None, None
+
+
+def quant_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    precision: GemmPrecision,
+    *,
+    amax_reduce: AmaxReduce | None = None,
+    generator: torch.Generator | None = None,
+    compiled: bool = False,
+) -> torch.Tensor:
+    """Y = X·Wᵀ whose fprop, dgrad and wgrad GEMMs run in ``precision``'s formats.
+
+    Args:
+        x: (..., K) activations, fp32 or bf16; leading dims are tokens (T).
+        weight: (N, K) weight, normally the fp32 master Parameter.
+        precision: formats of the three GEMMs (``"bf16"`` = unquantized).
+        amax_reduce: applied to each local tensor amax of formats with a
+            tensor scale (an all-reduce MAX over the TP group); None = local.
+        generator: stochastic-rounding randomness for the backward pass.
+        compiled: run the quantizers through torch.compile (same numerics,
+            much faster on CPU after the first call per shape).
+    Returns:
+        (..., N) in x's dtype.
+    Raises:
+        ValueError: mismatched shapes, or a dim that is not a multiple of a
+            chosen format's block (checked for all three GEMMs up front, so a
+            bad plan fails in forward rather than mid-backward).
+    """
+    if not isinstance(precision, GemmPrecision):
+        raise TypeError(f"quant_linear: precision must be a GemmPrecision, got {type(precision).__name__}")
+    if weight.dim() != 2 or x.dim() < 1 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(
+            f"quant_linear: x {tuple(x.shape)} and weight {tuple(weight.shape)} do not fit "
+            "(need x (..., K) and weight (N, K))"
+        )
+    check_linear_shapes(precision, weight.shape[1], weight.shape[0], math.prod(x.shape[:-1]))
+    if all(precision[g] == "bf16" for g in GEMMS):
+        return F.linear(x, weight.to(x.dtype))  # the reference path, autograd as usual
+    return _QuantLinearFn.apply(x, weight, precision, amax_reduce, generator, compiled)
+
+
+class QuantLinear(nn.Module):
+    """A bias-free linear layer holding its weight and a ``GemmPrecision``.
+
+    ``set_precision`` swaps the formats at a step boundary without rebuilding
+    (house rule 2: precision changes only through ``apply_plan``). Model code may
+    equally call ``quant_linear`` functionally with its own Parameter.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        precision: GemmPrecision | None = None,
+        amax_reduce: AmaxReduce | None = None,
+        generator: torch.Generator | None = None,
+        compiled: bool = False,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=torch.float32))
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # nn.Linear's default
+        self.precision = precision or GemmPrecision()
+        self.amax_reduce, self.generator, self.compiled = amax_reduce, generator, compiled
+
+    def set_precision(self, precision: GemmPrecision) -> None:
+        if not isinstance(precision, GemmPrecision):
+            raise TypeError(f"QuantLinear.set_precision: expected a GemmPrecision, got {type(precision).__name__}")
+        check_linear_shapes(precision, self.in_features, self.out_features)
+        self.precision = precision
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return quant_linear(
+            x, self.weight, self.precision, amax_reduce=self.amax_reduce, generator=self.generator, compiled=self.compiled
+        )
+
+    def extra_repr(self) -> str:
+        p = self.precision
+        return f"in_features={self.in_features}, out_features={self.out_features}, precision=({p.fprop}, {p.dgrad}, {p.wgrad})"

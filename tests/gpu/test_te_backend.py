@@ -1,0 +1,50 @@
+"""Transformer Engine backend vs the emulated reference (needs CUDA + transformer_engine).
+
+Skipped on machines without them (every CPU CI run). Tolerances: TE quantizes
+with its own kernels (scale arithmetic, RHT/SR RNG), so it agrees with the
+emulated reference statistically, not bitwise: we compare both against the
+unquantized product and require similar relative errors.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from megatron_snip.precision.backends import get_backend
+from megatron_snip.precision.capability import check
+from megatron_snip.precision.plan import GemmPrecision
+
+pytestmark = pytest.mark.skipif(
+    not check("te", "bf16"),
+    reason=f"needs CUDA and transformer_engine: {check('te', 'bf16').reason}",
+)
+
+# expected relative error of one GEMM's output vs fp32, generous bounds for both backends
+REL_ERR = {"fp8": 0.08, "fp8_block": 0.06, "mxfp8": 0.06, "nvfp4": 0.25}
+
+
+@pytest.mark.parametrize("fmt", list(REL_ERR))
+def test_te_linear_close_to_emulated(fmt):
+    if not check("te", fmt, "cuda"):
+        pytest.skip(check("te", fmt, "cuda").reason)
+    torch.manual_seed(0)
+    x = torch.randn(256, 512, device="cuda", requires_grad=True)
+    w = torch.nn.Parameter(torch.randn(384, 512, device="cuda") / 512**0.5)
+    dy = torch.randn(256, 384, device="cuda")
+    exact = x.detach() @ w.detach().t()
+    p = GemmPrecision.uniform(fmt)
+    outs = {}
+    for name in ("te", "emulated"):
+        x.grad = w.grad = None
+        y = get_backend(name).linear(x, w, p)
+        y.backward(dy)
+        outs[name] = (y.detach().float(), x.grad.clone(), w.grad.clone())
+    for name, (y, dx, dw) in outs.items():
+        rel = ((y - exact).norm() / exact.norm()).item()
+        assert rel < REL_ERR[fmt], (name, fmt, rel)
+    te_y, em_y = outs["te"][0], outs["emulated"][0]
+    assert ((te_y - em_y).norm() / exact.norm()).item() < 2 * REL_ERR[fmt]
+    for i in (1, 2):  # gradients: same direction
+        cos = torch.nn.functional.cosine_similarity(outs["te"][i].flatten(), outs["emulated"][i].flatten(), dim=0)
+        assert cos > 0.95, (fmt, i, cos.item())
