@@ -35,10 +35,13 @@ from torch import nn
 
 from megatron_snip.parallel import comm
 from megatron_snip.parallel.topology import TensorParallel
-from megatron_snip.precision.gemm import quant_linear
+from megatron_snip.precision.backends import Backend, get_backend
 from megatron_snip.precision.plan import GemmPrecision
 
 UNSHARDED = TensorParallel()
+
+
+_DEFAULT_BACKEND = get_backend("emulated")
 
 
 class LinearProbe(Protocol):
@@ -134,6 +137,7 @@ class PrecisionLinear(nn.Module):
         self.amax_reduce: Callable[[torch.Tensor], torch.Tensor] | None = (
             comm.amax_reducer(tp.group) if self.shard_dim is not None else None)
         self.probe: LinearProbe | None = None
+        self.backend: Backend = _DEFAULT_BACKEND  # runs the GEMMs; set by LlamaModel.set_backend
         self.reset_parameters(init_generator)
 
     def shard(self, full: torch.Tensor) -> torch.Tensor:
@@ -154,8 +158,8 @@ class PrecisionLinear(nn.Module):
 
         Under TP this may all-reduce amaxes over the TP group (``amax_reduce``), so every TP
         rank must call it the same number of times with the same formats."""
-        return quant_linear(x, self.weight, precision or self.precision,
-                            amax_reduce=self.amax_reduce, generator=self.generator)
+        return self.backend.linear(x, self.weight, precision or self.precision,
+                                   amax_reduce=self.amax_reduce, generator=self.generator)
 
     def _input_comm(self, x: torch.Tensor) -> torch.Tensor:
         return x

@@ -43,6 +43,7 @@ from megatron_snip.model.layers import (
 from megatron_snip.model.norm import RMSNorm
 from megatron_snip.model.rope import apply_rope, rope_tables
 from megatron_snip.parallel.topology import TensorParallel
+from megatron_snip.precision.backends import Backend
 from megatron_snip.precision.plan import LINEARS, GemmId, PrecisionPlan, all_gemm_ids
 
 
@@ -199,6 +200,11 @@ class LlamaModel(nn.Module):
     def set_quant_generator(self, generator: torch.Generator | None) -> None:
         for lin in self.precision_linears():
             lin.generator = generator
+
+    def set_backend(self, backend: Backend) -> None:
+        """Run every linear's GEMMs through ``backend`` (emulated or Transformer Engine)."""
+        for lin in self.precision_linears():
+            lin.backend = backend
 
     # --- forward ----------------------------------------------------------------
     def _rope(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

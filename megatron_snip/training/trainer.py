@@ -36,6 +36,8 @@ from megatron_snip.parallel import comm
 from megatron_snip.parallel.ddp import GradReducer
 from megatron_snip.parallel.pipeline import run_schedule
 from megatron_snip.parallel.topology import ParallelTopology
+from megatron_snip.precision.backends import Backend, get_backend
+from megatron_snip.precision.capability import require
 from megatron_snip.precision.plan import GemmId, PrecisionPlan, all_gemm_ids
 from megatron_snip.snip.costs import linear_numel, model_linear_shapes
 from megatron_snip.telemetry.logger import RunLogger
@@ -133,6 +135,7 @@ class Trainer:
         # state restores every replica exactly.
         self.quant_generator = torch.Generator(device=self.device).manual_seed(t.seed + 1)
         self.model.set_quant_generator(self.quant_generator)
+        self.model.set_backend(self._build_backend())
         self.linear_numel = linear_numel(model_linear_shapes(cfg.model))
 
         self.step = 0  # optimizer steps completed
@@ -154,6 +157,18 @@ class Trainer:
         if t.resume:
             self.load_latest()
         self.apply_plan(self.plan, record=not t.resume)
+
+    def _build_backend(self) -> Backend:
+        """The GEMM backend ``precision.backend`` names, refused at start-up (with the reason and
+        the fix) if it cannot run the initial plan's or SNIP's candidate formats on this device."""
+        p = self.cfg.precision
+        formats = set(self.cfg.snip.formats) if self.cfg.snip.enabled else set()
+        if p.initial_plan.startswith("uniform:"):
+            formats.add(p.initial_plan.split(":", 1)[1])
+        require(p.backend, formats | {"bf16"}, self.device)
+        if p.backend == "te":
+            return get_backend("te", amax_group=self.topo.tp_group)
+        return get_backend("emulated", compiled=p.compile_quantizers)
 
     def _build_data(self) -> DataBundle:
         # Rank 0 tokenizes into the cache first; the others then only read it.

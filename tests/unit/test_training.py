@@ -118,3 +118,9 @@ def test_lr_schedules(schedule):
         assert lrs[79] == 1.0 and lrs[99] == pytest.approx(0.1 + 0.9 / 20, abs=1e-6)
     if schedule == "constant":
         assert lrs[99] == 1.0
+
+
+def test_backend_that_cannot_run_the_formats_is_refused_at_start_up(small_overrides):
+    cfg = load_config(TINY, small_overrides + ["precision.backend=te", "precision.initial_plan=uniform:nvfp4"])
+    with pytest.raises(ValueError, match=r"precision.backend='te' cannot run .*nvfp4.*emulated"):
+        Trainer(cfg)
