@@ -34,8 +34,10 @@ from typing import Any
 
 import torch
 
-from megatron_snip.model.layers import PrecisionLinear
+from megatron_snip.model.layers import ColumnParallelLinear, PrecisionLinear
+from megatron_snip.precision.formats import Operand
 from megatron_snip.precision.plan import LINEARS, GemmPrecision
+from megatron_snip.precision.quantize import quantize
 
 BF16 = GemmPrecision()
 
@@ -314,23 +316,15 @@ def quantized_gemms(lin: PrecisionLinear, x_tk: torch.Tensor, g_tn: torch.Tensor
 
 
 def _functional_gemm(lin: PrecisionLinear, x: torch.Tensor, w: torch.Tensor, precision: GemmPrecision) -> torch.Tensor:
-    from megatron_snip.precision.gemm import quant_linear
-
-    return quant_linear(x, w, precision, amax_reduce=lin.amax_reduce, generator=lin.generator)
+    return lin.backend.linear(x, w, precision, amax_reduce=lin.amax_reduce, generator=lin.generator)
 
 
 def operand_error(lin: PrecisionLinear, x_tk: torch.Tensor, w_nk: torch.Tensor, fmt: str, which: str) -> float:
     """‖Q(a) - a‖² of one operand as its GEMM quantizes it (x, w: fprop blocking along K; g: dgrad along N)."""
-    from megatron_snip.precision.formats import Operand
-    from megatron_snip.precision.quantize import quantize
-
     if fmt == "bf16":
         return 0.0
     a, op = {"x": (x_tk, Operand.ACTIVATION), "w": (w_nk, Operand.WEIGHT), "g": (x_tk, Operand.GRADIENT)}[which]
-    amax = None
-    if lin.amax_reduce is not None:
-        amax = lin.amax_reduce(a.abs().amax())
-    q = quantize(a, fmt, op, generator=lin.generator, amax=amax)
+    q = quantize(a, fmt, op, generator=lin.generator, amax_reduce=lin.amax_reduce)
     return float((q - a).pow(2).sum())
 
 
@@ -353,8 +347,6 @@ def _add_adam_norms(optimizer: torch.optim.Optimizer, param: torch.Tensor, s: di
 
 def _input_replicated_over_tp(lin: PrecisionLinear) -> bool:
     """Column-parallel linears see the whole (replicated or all-gathered) input on every TP rank."""
-    from megatron_snip.model.layers import ColumnParallelLinear
-
     return isinstance(lin, ColumnParallelLinear) and lin.tp.size > 1
 
 
