@@ -57,6 +57,7 @@ import os
 from dataclasses import dataclass
 
 from megatron_snip.config import Config
+from megatron_snip.precision.capability import ARCH_NAMES, TE_MIN_COMPUTE_CAPABILITY
 from megatron_snip.precision.formats import FORMATS, FP4_FORMATS, Format
 from megatron_snip.precision.plan import GEMMS, LINEARS, PrecisionPlan
 from megatron_snip.snip.costs import linear_shapes
@@ -88,17 +89,6 @@ GPUS: dict[str, GpuSpec] = {
     )
 }
 
-# Minimum compute capability of each format under Transformer Engine; None = no TE recipe.
-_TE_MIN_SM: dict[str, tuple[tuple[int, int], str] | None] = {
-    "bf16": ((8, 0), "BF16 GEMMs need Ampere (sm_80) or newer"),
-    "fp8": ((8, 9), "FP8 (per-tensor scaling) needs Ada/Hopper (sm_89+)"),
-    "fp8_block": ((9, 0), "FP8 block scaling (Float8BlockScaling) needs Hopper (sm_90+)"),
-    "mxfp8": ((10, 0), "MXFP8 needs Blackwell (sm_100+)"),
-    "nvfp4": ((10, 0), "NVFP4 needs Blackwell (sm_100+)"),
-    "mxfp4": None,
-}
-
-
 def resolve_gpu(name: str | None = None) -> GpuSpec:
     """The GPU type to size for: ``name``, else ``$MEGATRON_SNIP_GPU``, else H100."""
     key = (name or os.environ.get(GPU_ENV) or DEFAULT_GPU).strip().lower()
@@ -113,13 +103,13 @@ def format_support(backend: str, fmt: str, gpu: GpuSpec) -> tuple[bool, str]:
         return True, "emulated (reference quantize-dequantize, BF16/FP32 GEMMs: runs anywhere, no speed-up)"
     if backend != "te":
         raise ValueError(f"precision.backend={backend!r} is unknown; choose 'emulated' or 'te'")
-    rule = _TE_MIN_SM[fmt]
-    if rule is None:
+    min_sm = TE_MIN_COMPUTE_CAPABILITY[fmt]  # the same table the run-time capability check uses
+    if min_sm is None:
         return False, f"{fmt} has no Transformer Engine recipe; use precision.backend='emulated'"
-    min_sm, why = rule
     if gpu.sm >= min_sm:
         return True, f"TE on {gpu.name} (sm_{gpu.sm[0]}{gpu.sm[1]})"
-    return False, f"{why}; {gpu.name} is sm_{gpu.sm[0]}{gpu.sm[1]} - use a newer GPU or precision.backend='emulated'"
+    return False, (f"{fmt} needs {ARCH_NAMES.get(min_sm, '')} (sm_{min_sm[0]}{min_sm[1]}+) under Transformer Engine; {gpu.name} is "
+                   f"sm_{gpu.sm[0]}{gpu.sm[1]} - use a newer GPU or precision.backend='emulated'")
 
 
 def gemm_allowed(fmt: Format, n_local: int, k_local: int, tokens: int, gemm: str) -> bool:

@@ -28,7 +28,7 @@ import torch
 
 from megatron_snip.precision.formats import FORMATS, get_format
 
-__all__ = ["BACKENDS", "TE_MIN_COMPUTE_CAPABILITY", "Capability", "check", "require"]
+__all__ = ["ARCH_NAMES", "BACKENDS", "TE_MIN_COMPUTE_CAPABILITY", "Capability", "check", "require"]
 
 BACKENDS: tuple[str, ...] = ("emulated", "te")
 
@@ -51,7 +51,7 @@ _TE_AVAILABILITY_FN: dict[str, str] = {
     "nvfp4": "is_nvfp4_available",
 }
 
-_ARCH_NAMES = {(8, 0): "Ampere", (8, 9): "Ada", (9, 0): "Hopper", (10, 0): "Blackwell"}
+ARCH_NAMES = {(8, 0): "Ampere", (8, 9): "Ada", (9, 0): "Hopper", (10, 0): "Blackwell"}
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ def check(backend: str, fmt: str, device: torch.device | str | None = None) -> C
         return Capability(False, f"Transformer Engine runs on CUDA devices, not {dev}")
     have = _compute_capability(dev)
     if have < need:
-        arch = _ARCH_NAMES.get(need, "")
+        arch = ARCH_NAMES.get(need, "")
         return Capability(
             False,
             f"{fmt} in Transformer Engine needs compute capability >= {need[0]}.{need[1]}"
