@@ -1,0 +1,251 @@
+"""scripts/compare_policies.py: run list, resume, statistics and report, one real tiny end-to-end run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("compare_policies", REPO / "scripts" / "compare_policies.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["compare_policies"] = mod  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(mod)
+    return mod
+
+
+cp = _load()
+MX = ("fp8", "mxfp4")
+NV = ("fp8", "nvfp4")
+# A 2-layer d=64 model: every format's block divides its dims and the 2x32-token micro-batch.
+SMALL_SETS = ("model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128", "training.seq_len=32",
+              "training.micro_batch_size=2", "training.global_batch_size=2", "training.warmup_steps=1")
+
+
+def small_protocol(**kw) -> cp.Protocol:
+    base = {"steps": 4, "warmup": 1, "interval": 2, "seeds": (1, 2, 3), "valid_corpora": ("bundled:moby_dick",),
+                "eval_interval": 2, "eval_batches": 1, "overrides": SMALL_SETS}
+    return cp.Protocol(**{**base, **kw})
+
+
+# --- run list -----------------------------------------------------------------------------
+def test_primary_runs_dedup_format_free_policies():
+    p = small_protocol()
+    runs = cp.primary_runs(p)
+    assert len(runs) == 3 * (4 + 5 * 2)  # per seed: 4 format-free policies + 5 policies x 2 format sets
+    assert len({r.name for r in runs}) == len(runs) and len({r.key for r in runs}) == len(runs)
+    for pol in cp.FORMAT_FREE_POLICIES:
+        mine = [r for r in runs if r.policy == pol]
+        assert sorted(r.seed for r in mine) == [1, 2, 3]  # once per seed, not once per format set
+        assert all(r.formats is None and r.rho is None for r in mine)
+    for pol in cp.FORMAT_POLICIES:
+        mine = [r for r in runs if r.policy == pol]
+        assert sorted((r.formats, r.seed) for r in mine) == sorted((fs, s) for fs in (NV, MX) for s in (1, 2, 3))
+        assert all(r.rho == 0.75 for r in mine)
+    assert [r.seed for r in runs] == sorted(r.seed for r in runs)  # seed-major: whole seeds finish first
+    assert cp.RunSpec(2, "snip", MX, 0.75).name == "snip_fp8-mxfp4_rho0.75_seed2"
+    assert cp.RunSpec(1, "uniform:nvfp4").name == "uniform-nvfp4_seed1"
+
+
+def test_policy_subset_and_single_format_set():
+    p = small_protocol(policies=("bf16", "snip"), format_sets=(MX,), seeds=(7,))
+    assert [r.name for r in cp.primary_runs(p)] == ["bf16_seed7", "snip_fp8-mxfp4_rho0.75_seed7"]
+
+
+def test_sweep_runs_skip_primary_rho_and_follow_best_baseline():
+    p = small_protocol(sweep_rhos=(0.5, 0.75, 0.9), sweep_format_sets=(MX,))
+    runs = cp.sweep_runs(p, {MX: "layer_type"})
+    assert len(runs) == 3 * 2 * 2  # seeds x {snip, layer_type} x {0.5, 0.9}; 0.75 is a primary run
+    assert {(r.policy, r.rho) for r in runs} == {(pol, rho) for pol in ("snip", "layer_type") for rho in (0.5, 0.9)}
+    assert all(r.group == "sweep" and r.formats == MX for r in runs)
+    assert {r.policy for r in cp.sweep_runs(p, {MX: None})} == {"snip"}  # baseline not known yet
+    assert not {r.key for r in runs} & {r.key for r in cp.primary_runs(p)}
+
+
+def test_every_run_config_is_valid_and_pairs_by_seed(tmp_path):
+    p = small_protocol(sweep_rhos=(0.5,), sweep_format_sets=(MX,))
+    for spec in cp.primary_runs(p) + cp.sweep_runs(p, {MX: "random"}):
+        cfg = cp.load_config(cp.config_path(p), cp.run_overrides(spec, p, tmp_path / spec.name)).validate()
+        assert cfg.training.seed == spec.seed == cfg.snip.seed
+        assert cfg.precision.initial_plan == "bf16" and cfg.snip.enabled and cfg.snip.policy == spec.policy
+        assert (cfg.snip.warmup, cfg.snip.interval, cfg.training.max_steps) == (1, 2, 4)
+        assert cfg.model.num_layers == 2  # the protocol's --set reached the run
+        if spec.formats is not None:
+            assert cfg.snip.formats == spec.formats and cfg.snip.fp4_target == spec.rho
+        elif spec.policy == "uniform:mxfp4":
+            assert "mxfp4" in cfg.snip.formats
+
+
+def test_protocol_rejects_bad_input():
+    with pytest.raises(ValueError, match="training.seed"):
+        small_protocol(overrides=("training.seed=3",))
+    with pytest.raises(ValueError, match="fp8,bf16"):
+        small_protocol(format_sets=(("fp8", "bf16"),))
+    with pytest.raises(ValueError, match="--warmup"):
+        small_protocol(warmup=4)
+    with pytest.raises(ValueError, match="--seeds"):
+        small_protocol(seeds=(1, 1))
+    with pytest.raises(ValueError, match="--rho"):
+        small_protocol(rho=1.5)
+
+
+def test_best_static_baseline_uses_training_domain_only():
+    def rec(policy, seed, val, other):
+        return {"policy": policy, "formats": list(MX), "rho": 0.75, "seed": seed,
+                "final": {"val_loss": val, "val_loss_moby_dick": other}}
+    results = [rec("layer_type", 1, 2.00, 3.0), rec("layer_type", 2, 2.02, 3.0),
+               rec("random", 1, 2.01, 1.0), rec("random", 2, 2.03, 1.0),  # best on the other domain
+               rec("snip", 1, 1.0, 1.0), rec("min_rel_err", 1, 1.0, 1.0)]  # not static baselines
+    assert cp.best_static_baseline(results, MX, 0.75) == "layer_type"
+    assert cp.best_static_baseline(results, NV, 0.75) is None
+
+
+# --- resume -------------------------------------------------------------------------------
+def test_rerun_skips_only_finished_runs_with_the_same_config(tmp_path, monkeypatch):
+    p = small_protocol(seeds=(1,), policies=("bf16", "uniform:fp8", "snip", "random"), format_sets=(MX,))
+    specs = cp.primary_runs(p)
+    a, b, c, d = specs
+    results = tmp_path / "results.jsonl"
+    records = [{"name": a.name, "status": "ok", "config_hash": cp.config_hash(a, p)},
+               {"name": b.name, "status": "failed", "config_hash": cp.config_hash(b, p)},
+               {"name": c.name, "status": "ok", "config_hash": "stale"},
+               {"name": d.name, "status": "ok", "config_hash": cp.config_hash(d, p)},
+               {"name": d.name, "status": "timeout", "config_hash": cp.config_hash(d, p)}]  # latest wins
+    results.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"name": "torn')  # a torn last line
+    calls = []
+
+    def fake_execute(spec, p_, out_dir, **kw):
+        calls.append(spec.name)
+        return {"name": spec.name, "status": "ok", "config_hash": cp.config_hash(spec, p_), "wall_s": 1.0}
+
+    monkeypatch.setattr(cp, "execute", fake_execute)
+    cp.run_all(specs, p, tmp_path, jobs=2, threads=1, timeout_s=10, log=lambda *_: None)
+    assert sorted(calls) == sorted([b.name, c.name, d.name])
+    calls.clear()
+    cp.run_all(specs, p, tmp_path, jobs=1, threads=1, timeout_s=10, log=lambda *_: None)
+    assert calls == []  # everything is done now
+    latest = cp.latest_records(cp.read_results(results))
+    assert all(cp.is_done(s, p, latest) for s in specs)
+    assert {r["name"] for r in cp.current_results(p, cp.read_results(results))} == {s.name for s in specs}
+    changed = small_protocol(seeds=(1,), policies=p.policies, format_sets=(MX,), steps=6)
+    assert not any(cp.is_done(s, changed, latest) for s in cp.primary_runs(changed))  # other steps: rerun
+
+
+# --- statistics and report ----------------------------------------------------------------
+BF16 = {1: 2.00, 2: 2.10, 3: 2.05}
+SNIP = {1: 2.03, 2: 2.11, 3: 2.09}
+LAYER = {1: 2.06, 2: 2.12}  # one seed missing: pairs over seeds 1 and 2 only
+
+
+def _fake_run(tmp: Path, name: str, policy: str, formats, rho, seed: int, final: float, share) -> dict:
+    run_dir = tmp / "runs" / name
+    run_dir.mkdir(parents=True)
+    lines = [{"step": s, "loss": 3.0 - 0.1 * s + 0.01 * seed, "fp4_share": share or 0.0} for s in range(1, 5)]
+    lines[1].update(val_loss=final + 0.5, val_loss_moby_dick=final + 0.6)
+    lines[3].update(val_loss=final - 0.3, val_loss_moby_dick=final)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    if policy == "snip":
+        (run_dir / "precision_map.png").write_bytes(b"\x89PNG fake")
+    return {"name": name, "policy": policy, "formats": formats, "rho": rho, "seed": seed, "status": "ok",
+            "run_dir": str(run_dir), "final": {"val_loss": final - 0.3, "val_loss_moby_dick": final},
+            "fp4_share": share, "params_m": 0.12, "wall_s": 10.0, "train_s": 8.0, "replan_s": 0.5}
+
+
+def fake_results(tmp: Path) -> list[dict]:
+    out = [_fake_run(tmp, f"bf16_seed{s}", "bf16", None, None, s, v, 0.0) for s, v in BF16.items()]
+    out += [_fake_run(tmp, f"snip_seed{s}", "snip", list(MX), 0.75, s, v, 0.76) for s, v in SNIP.items()]
+    out += [_fake_run(tmp, f"lt_seed{s}", "layer_type", list(MX), 0.75, s, v, 0.8) for s, v in LAYER.items()]
+    out += [_fake_run(tmp, f"snip05_seed{s}", "snip", list(MX), 0.5, s, v - 0.01, 0.5) for s, v in SNIP.items()]
+    out += [_fake_run(tmp, f"lt05_seed{s}", "layer_type", list(MX), 0.5, s, v, 0.55) for s, v in LAYER.items()]
+    return out
+
+
+def test_aggregate_mean_std_and_paired_difference(tmp_path):
+    rows = {(r.policy, r.rho): r for r in cp.aggregate(fake_results(tmp_path), "val_loss_moby_dick")}
+    snip, lt, ref = rows[("snip", 0.75)], rows[("layer_type", 0.75)], rows[("bf16", None)]
+    assert ref.mean == pytest.approx(statistics.mean(BF16.values()))
+    assert snip.n == 3 and snip.mean == pytest.approx(statistics.mean(SNIP.values()))
+    assert snip.std == pytest.approx(statistics.stdev(SNIP.values()))  # sample std (n-1)
+    diffs = [SNIP[s] - BF16[s] for s in (1, 2, 3)]
+    assert snip.paired_mean == pytest.approx(statistics.mean(diffs))
+    assert snip.paired_std == pytest.approx(statistics.stdev(diffs))
+    assert snip.gap_pct == pytest.approx(100 * (statistics.mean(SNIP.values()) / statistics.mean(BF16.values()) - 1))
+    lt_diffs = [LAYER[s] - BF16[s] for s in (1, 2)]
+    assert lt.n_pairs == 2 and lt.paired_mean == pytest.approx(statistics.mean(lt_diffs))
+    assert lt.paired_std == pytest.approx(statistics.stdev(lt_diffs))
+    assert snip.fp4_share == pytest.approx(0.76)
+    assert next(r.policy for r in cp.aggregate(fake_results(tmp_path / "b"), "val_loss")) == "bf16"
+
+
+def test_report_from_fake_results(tmp_path):
+    results = fake_results(tmp_path)
+    p = small_protocol(seeds=(1, 2, 3), format_sets=(MX,), sweep_rhos=(0.5, 0.75), sweep_format_sets=(MX,))
+    report = cp.write_report(results, p, tmp_path / "docs" / "results.md", command="python scripts/compare_policies.py X")
+    text = report.read_text()
+    assert "python scripts/compare_policies.py X" in text.split("## Protocol")[0]
+    # the snip row on the other domain: mean ± std, gap to BF16, paired difference (3 pairs)
+    sm, ss = statistics.mean(SNIP.values()), statistics.stdev(SNIP.values())
+    diffs = [SNIP[s] - BF16[s] for s in (1, 2, 3)]
+    gap = 100 * (sm / statistics.mean(BF16.values()) - 1)
+    row = f"| snip | fp8,mxfp4 | 0.75 | 0.760 | 3 | {sm:.4f} ± {ss:.4f} | {gap:+.2f}% | " \
+          f"{statistics.mean(diffs):+.4f} ± {statistics.stdev(diffs):.4f} (3) |"
+    other = text.split("### other domain: moby_dick")[1].split("###")[0]
+    assert row in other
+    # other domains come before the training domain (headline first)
+    assert text.index("### other domain: moby_dick") < text.index("### training domain")
+    # the sweep compares snip with the best static baseline by training-domain loss, paired by seed
+    assert "-> layer_type" in text
+    sweep = text.split("## rho sweep")[1].split("### training domain")[0]
+    d05 = [SNIP[s] - 0.01 - LAYER[s] for s in (1, 2)]
+    assert f"{statistics.mean(d05):+.4f} ± {statistics.stdev(d05):.4f} (2)" in sweep
+    assert "PLACEHOLDER" in text.split("## What this shows")[1]
+    figs = tmp_path / "docs" / "figures"
+    assert (figs / "compare_curves_fp8-mxfp4.png").stat().st_size > 1000
+    assert (figs / "compare_snip_precision_map_fp8-mxfp4_seed1.png").read_bytes() == b"\x89PNG fake"
+    assert "figures/compare_curves_fp8-mxfp4.png" in text
+
+
+# --- one real end-to-end run through the subprocess path ----------------------------------------
+def _small_corpus(path: Path, first_doc: int, n_docs: int) -> Path:
+    """A few KB of real text (slices of the bundled sample) so the runs tokenize in no time."""
+    from megatron_snip.data.corpus import bundled_sample_path, read_jsonl
+
+    texts = [t[:3000] for t in list(read_jsonl(bundled_sample_path("sotu")))[first_doc:first_doc + n_docs]]
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return path
+
+
+def test_end_to_end_bf16_and_snip(tmp_path, capsys):
+    out, report = tmp_path / "cmp", tmp_path / "docs" / "results.md"
+    train = _small_corpus(tmp_path / "speeches.jsonl", 0, 20)
+    other = _small_corpus(tmp_path / "later.jsonl", 100, 4)
+    argv = [*(a for s in SMALL_SETS for a in ("--set", s)), "--set", f"data.cache_dir={tmp_path / 'cache'}",
+            "--steps", "3", "--warmup", "1", "--interval", "1", "--eval-interval", "3", "--eval-batches", "1",
+            "--seeds", "1", "--policies", "bf16;snip", "--format-sets", "fp8,nvfp4", "--no-sweep",
+            "--train-corpus", str(train), "--valid-corpus", str(other), "--jobs", "2", "--timeout", "120",
+            "--out-dir", str(out), "--report", str(report)]
+    assert cp.main(argv) == 0
+    recs = {r["policy"]: r for r in cp.read_results(out / "results.jsonl")}
+    assert set(recs) == {"bf16", "snip"}
+    for r in recs.values():
+        assert r["status"] == "ok", r.get("log_tail")
+        assert r["last_step"] == 3 and set(r["final"]) == {"val_loss", "val_loss_moby_dick", "val_loss_later"}
+        assert r["replans"] == 2  # at steps 1 and 2 (warmup 1, interval 1)
+        assert not (Path(r["run_dir"]) / "checkpoints").exists()
+        assert (Path(r["run_dir"]) / "train.log").is_file()
+    assert recs["bf16"]["fp4_share"] == 0.0
+    assert recs["snip"]["fp4_share"] >= 0.75
+    text = report.read_text()
+    assert text.index("`val_loss_later`") < text.index("training domain: held-out documents of")
+    assert "| snip | fp8,nvfp4 | 0.75 |" in text and "compare_snip_precision_map_fp8-nvfp4_seed1.png" in text
+    capsys.readouterr()
+    assert cp.main(argv) == 0  # a rerun trains nothing
+    assert "skipping 2 finished run(s)" in capsys.readouterr().out
+    assert len(cp.read_results(out / "results.jsonl")) == 2
