@@ -177,15 +177,26 @@ def plot(rows: list[dict], formats: tuple[str, ...], path: Path) -> None:
             ys = [r[q] for r in rows if r["format"] == f]
             ax.scatter(xs, ys, label=f, s=22, alpha=0.8)
         ax.set_xscale("log")
+        _sparse_log_ticks(ax.xaxis)
         ax.set_xlabel(f"predicted {p}")
         ax.set_ylabel(f"measured {q}")
         ax.set_title(title)
         ax.grid(alpha=0.3)
         ax.legend(title="format")
     axes[1].set_yscale("log")
+    _sparse_log_ticks(axes[1].yaxis)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _sparse_log_ticks(axis) -> None:
+    """Labels at 1, 2, 5 x 10^k only, so a log axis spanning less than a decade still has some."""
+    import matplotlib.ticker as ticker
+
+    axis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(ticker.FormatStrFormatter("%.1g"))
+    axis.set_minor_formatter(ticker.NullFormatter())
 
 
 if __name__ == "__main__":
