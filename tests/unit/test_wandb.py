@@ -187,3 +187,27 @@ def test_plot_run_reads_runs_and_writes_png(tmp_path):
     assert plot_run.main([str(a), "--out", str(tmp_path / "x.png"), "--metric", "no_such_metric"]) == 2
     with pytest.raises(ValueError, match="metrics.jsonl"):
         plot_run.load_run(tmp_path)
+
+
+@needs_wandb
+def test_offline_wandb_run_of_a_snip_training(small_overrides, tmp_path, monkeypatch):
+    """The trainer wires the sink: a short SNIP run leaves scalars, a plan table per re-plan, the
+    precision maps and the timeline in the offline W&B run inside the run directory."""
+    from megatron_snip.training.run import run_training
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    cfg = load_config(REPO / "launch/configs/tiny.toml", small_overrides + [
+        "logging.wandb_project=snip-test", "logging.wandb_mode=offline", "snip.enabled=true", "snip.warmup=1",
+        "snip.interval=2", "snip.probe_batches=1", "snip.noise_draws=1", "training.max_steps=4",
+        "training.log_interval=1", "training.eval_interval=2"])
+    run_training(cfg)
+    history = [r["history"]["item"] for r in _records(tmp_path / "run") if r["type"] == "history"]
+    assert {h["step"] for h in history if "loss" in h} == {1, 2, 3, 4}
+    assert any("val_loss" in h for h in history)
+    plan_steps = sorted(h["step"] for h in history if "plan/table.path" in h)
+    assert plan_steps == [1, 3]
+    assert any("plan/map.path" in h for h in history) and any("plan/timeline.path" in h for h in history)
+    assert any("replan_stats_s" in h for h in history)
+    assert (tmp_path / "run" / "timeline.png").read_bytes().startswith(PNG_MAGIC)
