@@ -1,0 +1,101 @@
+"""The SNIP controller on a small model: it re-plans on schedule, applies and records each plan
+(JSON, statistics snapshot, PNG), and a resumed run continues with the same plans and losses.
+Also the offline planner on a snapshot the controller wrote."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from megatron_snip.config import load_config
+from megatron_snip.precision.plan import PrecisionPlan
+from megatron_snip.snip.controller import SnipController, is_replan_step
+from megatron_snip.training.trainer import Trainer
+
+TINY = "launch/configs/tiny.toml"
+SNIP = ["snip.enabled=true", "snip.policy=snip", "snip.warmup=2", "snip.interval=3", "snip.probe_batches=1",
+        "snip.noise_draws=1", "training.log_interval=1", "training.eval_interval=100", "training.max_steps=8"]
+
+
+class _Crash(Exception):
+    pass
+
+
+class _CrashAfter:
+    """A callback that kills the run after step ``n`` (its checkpoint already written)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def before_step(self, trainer, step):
+        pass
+
+    def after_step(self, trainer, step):
+        if trainer.step == self.n:
+            raise _Crash
+
+
+def _fit(overrides, crash_after=None):
+    cfg = load_config(TINY, overrides)
+    tr = Trainer(cfg)
+    ctl = SnipController(cfg, tr)
+    try:
+        tr.fit([ctl] + ([_CrashAfter(crash_after)] if crash_after else []))
+        ctl.on_train_end(tr)  # as training.run.run_training does
+    except _Crash:
+        pass
+    tr.logger.close()
+    return tr
+
+
+def _losses(run_dir):
+    return {r["step"]: r["loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+            if "loss" in r}
+
+
+def test_schedule():
+    assert [s for s in range(40) if is_replan_step(s, 10, 20)] == [10, 30]
+
+
+def test_controller_plans_records_and_resumes(small_overrides, tmp_path):
+    full = _fit(small_overrides + SNIP)
+    run = tmp_path / "run"
+    assert [p.step for p in full.plan_history] == [0, 2, 5]
+    for step in (2, 5):
+        plan = PrecisionPlan.load(run / "plans" / f"step_{step:06d}.json")
+        assert plan.policy == "snip" and plan.solver_status == "OPTIMAL" and plan.fp4_flops_share >= 0.75
+        assert (run / "plans" / f"step_{step:06d}.png").stat().st_size > 0
+        stats = json.loads((run / "plans" / f"step_{step:06d}_stats.json").read_text())
+        assert stats["step"] == step and len(stats["linears"]) == 2 * 4
+    assert full.model.layers["0"].mlp.fc1.precision == full.plan.for_linear(0, "fc1")
+    assert (run / "precision_map.png").is_file() and (run / "timeline.png").is_file()
+
+    run2 = tmp_path / "run2"
+    over2 = [o for o in small_overrides if not o.startswith("training.run_dir")] + [f"training.run_dir={run2}"] + SNIP
+    _fit(over2 + ["training.save_interval=4"], crash_after=4)
+    resumed = _fit(over2 + ["training.resume=true"])
+    assert [p.hash for p in resumed.plan_history] == [p.hash for p in full.plan_history]
+    assert _losses(run2) == _losses(run), "resumed SNIP run diverged from the uninterrupted one"
+
+
+def test_offline_planner_reproduces_the_controllers_plan(small_overrides, tmp_path):
+    import importlib.util
+    import sys
+
+    _fit(small_overrides + SNIP[:-1] + ["training.max_steps=3"])
+    spec = importlib.util.spec_from_file_location("solve_plan", "scripts/solve_plan.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["solve_plan"] = mod
+    spec.loader.exec_module(mod)
+    out = tmp_path / "offline"
+    assert mod.main(["--stats", str(tmp_path / "run/plans/step_000002_stats.json"), "--fp4-target", "0.75",
+                     "--out", str(out)]) == 0
+    offline = PrecisionPlan.load(out / "plan.json")
+    online = PrecisionPlan.load(tmp_path / "run/plans/step_000002.json")
+    assert offline.as_dict() == online.as_dict()
+    assert (out / "plan.png").stat().st_size > 0 and (out / "pareto.png").stat().st_size > 0
+    pareto = json.loads((out / "pareto.json").read_text())
+    objectives = [p["objective"] for p in pareto]
+    assert objectives == sorted(objectives)  # a higher FP4 target never predicts less divergence
+    assert mod.main(["--stats", str(tmp_path / "missing.json"), "--out", str(out)]) == 2
