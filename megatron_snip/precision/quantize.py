@@ -33,13 +33,14 @@ of the contiguous tensor), which reads memory contiguously and gives bitwise
 the same result as quantizing ``x.contiguous()``. The result comes back in the
 same layout, so it may be a non-contiguous (transposed) view.
 
-Speed: eager PyTorch runs these as 20-60 separate elementwise ops (0.01-0.1
-Gelem/s here). ``compiled=True`` runs the same functions through
-``torch.compile``: one fused, vectorized kernel per format / operand kind /
-layout / shape (0.3-1.3 Gelem/s per CPU thread; ``scripts/bench_quantizers.py``),
-bit-identical to eager except NaN payloads, compiled on first use (seconds
-each, cached on disk by inductor). If compilation fails it warns once and
-falls back to eager.
+Speed (one CPU thread; ``scripts/bench_quant.py``): eager PyTorch runs each
+quantizer as 10-40 elementwise passes over memory (0.02-0.15 Gelem/s; the eager
+paths use in-place ops, float8 casts and a magic-number E2M1 rounding to keep
+passes and page-faulting temporaries down). ``compiled=True`` runs the same
+functions through ``torch.compile``: one fused, vectorized kernel per format /
+operand kind / layout / shape (0.3-1.2 Gelem/s), bit-identical to eager except
+NaN payloads, compiled on first use (2-5 s each, cached on disk by inductor).
+If compilation fails it warns once and falls back to eager.
 """
 
 from __future__ import annotations
@@ -150,29 +151,90 @@ def round_to_element(x: torch.Tensor, elem: Element, noise: torch.Tensor | None 
             E[result] = x for |x| <= max.
 
     Finite values beyond ``elem.max`` and +-Inf saturate to +-max; NaN stays NaN.
+
+    Several implementations with identical results (tested exhaustively against
+    ml_dtypes, and eager against compiled): in eager mode, where every elementwise
+    op is a pass over memory, RNE to E4M3/E5M2 goes through PyTorch's float8 casts
+    (3 passes instead of ~20) and RNE to E2M1 through ``_round_e2m1_magic`` (9
+    instead of 13). Stochastic rounding, and anything torch.compile traces, use the
+    arithmetic below, which inductor fuses into one vectorized loop (faster there
+    than its float8 casts).
+    """
+    if noise is None and not torch.compiler.is_compiling():
+        if elem.name in _FLOAT8_DTYPES:
+            return _round_float8_cast(x, elem)
+        if elem.name == "e2m1":
+            return _round_e2m1_magic(x)
+    return _round_arith(x, elem, noise)
+
+
+def _round_arith(x: torch.Tensor, elem: Element, noise: torch.Tensor | None) -> torch.Tensor:
+    """``round_to_element`` by fp32 arithmetic: any element, RNE or stochastic; what torch.compile traces.
+
+    In-place ops on its own temporaries: in eager mode every full-size temporary is an
+    allocation whose pages fault in on first touch (more time than the op itself for
+    large operands); torch.compile sees the same dataflow either way.
     """
     a = x.abs()
     # The grid spacing around a is q = 2**(e - mbits) with e = floor(log2 a), held
     # at emin below the normal range (subnormals) and at emax above it (the
     # result is clamped to max anyway; this keeps Inf/NaN from overflowing e).
     if elem.emax - elem.emin <= _MAX_BINADES_BY_COMPARISON:
-        # Few binades (E2M1: 3): pick 1/q by comparisons. Same values as the
-        # exponent-bit path below, ~25% faster compiled (no per-element bit casts).
+        # Few binades (E2M1: 3): pick 1/q and q by comparisons. Same values as the
+        # exponent-bit path below, ~25% faster compiled (no per-element bit casts);
+        # q is not computed as 1 / inv_q: a division per element costs more.
         inv_q = torch.full_like(a, 2.0 ** (elem.mbits - elem.emin))
+        q = torch.full_like(a, 2.0 ** (elem.emin - elem.mbits))
         for e in range(elem.emin + 1, elem.emax + 1):
-            inv_q = torch.where(a >= 2.0**e, 2.0 ** (elem.mbits - e), inv_q)
-        q = 1.0 / inv_q  # exact: powers of two
+            ge = a >= 2.0**e
+            inv_q.masked_fill_(ge, 2.0 ** (elem.mbits - e))
+            q.masked_fill_(ge, 2.0 ** (e - elem.mbits))
     else:
-        e = _floor_log2(a).clamp(elem.emin, elem.emax)
+        e = _floor_log2(a).clamp_(elem.emin, elem.emax)
         inv_q, q = _exp2i(elem.mbits - e), _exp2i(e - elem.mbits)
-    v = a * inv_q  # exact: scaling by a power of two
+    v = a.mul_(inv_q)  # exact: scaling by a power of two
     if noise is None:
-        r = torch.round(v)  # round half to even
+        r = v.round_()  # round half to even
     else:
-        f = torch.floor(v)
-        r = f + (noise < v - f).to(v.dtype)  # v - f is exact
-    y = (r * q).clamp(max=elem.max)  # clamp keeps NaN
-    return torch.copysign(y, x)
+        r = torch.floor(v)
+        r += noise < v.sub_(r)  # round up iff noise < v - r (exact); r >= 0, so r + 0 is r
+    return r.mul_(q).clamp_(max=elem.max).copysign_(x)  # clamp keeps NaN
+
+
+_FLOAT8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+_E4M3_DECODE: dict[torch.device, torch.Tensor] = {}  # the 256 float8_e4m3fn codes as fp32, per device
+
+
+def _round_float8_cast(x: torch.Tensor, elem: Element) -> torch.Tensor:
+    """RNE to ``elem`` through PyTorch's float8 cast (eager only; see ``round_to_element``).
+
+    Clamping first makes it saturating on every device (the E5M2 cast overflows to
+    Inf) and keeps NaN and -0.0. Decoding E4M3 through a 256-entry table is ~2x
+    faster on CPU than PyTorch's float8_e4m3fn -> float32 conversion.
+    """
+    f8 = x.clamp(-elem.max, elem.max).to(_FLOAT8_DTYPES[elem.name])
+    if elem.name != "e4m3":
+        return f8.to(x.dtype)
+    table = _E4M3_DECODE.get(f8.device)
+    if table is None:
+        codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
+        table = _E4M3_DECODE[f8.device] = codes.to(torch.float32).to(f8.device)
+    return torch.take(table, f8.view(torch.uint8).long()).to(x.dtype)
+
+
+def _round_e2m1_magic(x: torch.Tensor) -> torch.Tensor:
+    """RNE to E2M1 in 9 elementwise passes instead of 13 (eager only; see ``round_to_element``).
+
+    With c = 2**22, 2**23 or 2**24 for |x| below 2, below 4, or above, the fp32 sum
+    |x| + c (|x| < 8) lies in [c, 2c), where floats are spaced 2**(e - mbits) = 0.5,
+    1, 2 - the E2M1 spacing of |x|'s binade - so it rounds |x| to the E2M1 grid, ties
+    to an even multiple (= even E2M1 code), and subtracting c is exact. Left to a
+    compiler, the add-subtract pair could be folded away under fast-math: eager only.
+    """
+    a = x.abs()
+    c = torch.where(a >= 2.0, torch.where(a >= 4.0, 2.0**24, 2.0**23), 2.0**22)
+    # clamp keeps NaN; |x| >= 8 (Inf too) gives a sum >= 8, clamped to max
+    return a.add_(c).sub_(c).clamp_(max=E2M1.max).copysign_(x)
 
 
 def round_e4m3(x: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
@@ -234,18 +296,19 @@ def _rht_blocks(y3: torch.Tensor, inverse: bool) -> torch.Tensor:
     order that eager PyTorch and inductor reproduce bit for bit, in either
     memory layout. Sign flips and the 1/4 are exact.
     """
-    signs = torch.tensor(RHT_SIGNS, dtype=y3.dtype, device=y3.device)[None, :, None]
-    if not inverse:
-        y3 = y3 * signs  # x · diag(s) first; the inverse applies s last (Hᵀ = H16 · diag(s) / 4)
-    v = [y3[:, i] for i in range(RHT_SIZE)]
+    # x · diag(s) first (exact sign flips, no pass for the +1s); the inverse applies s
+    # last (Hᵀ = H16 · diag(s) / 4).
+    v = [y3[:, i] if inverse or s > 0 else -y3[:, i] for i, s in enumerate(RHT_SIGNS)]
     for h in (8, 4, 2, 1):
         nxt = list(v)
         for i in range(RHT_SIZE):
             if not i & h:
                 nxt[i], nxt[i + h] = v[i] + v[i + h], v[i] - v[i + h]
         v = nxt
-    out = torch.stack(v, dim=1) * 0.25
-    return out * signs if inverse else out
+    out = torch.stack(v, dim=1).mul_(0.25)
+    if inverse:
+        out.mul_(torch.tensor(RHT_SIGNS, dtype=out.dtype, device=out.device)[None, :, None])
+    return out
 
 
 def _rht_physical(p: torch.Tensor, colwise: bool, inverse: bool = False) -> torch.Tensor:
@@ -292,11 +355,32 @@ def _mix32(h: torch.Tensor) -> torch.Tensor:
     return h ^ ((h >> 15) & 0x1FFFF)
 
 
+def _mix32_(h: torch.Tensor, tmp: torch.Tensor) -> torch.Tensor:
+    """``_mix32`` in place on ``h`` with one scratch tensor: the same values without the ~10
+    full-size temporaries eager mode would allocate (2x faster there; compiled code is fused
+    either way, so torch.compile traces the functional version)."""
+    for shift, mask, mul in ((16, 0xFFFF, _MIX_MUL1), (15, 0x1FFFF, _MIX_MUL2), (15, 0x1FFFF, None)):
+        torch.bitwise_right_shift(h, shift, out=tmp)
+        h ^= tmp.bitwise_and_(mask)
+        if mul is not None:
+            h *= mul
+    return h
+
+
 def _uniform_from_counter(counter: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
     """Uniform [0, 1) fp32 (24 random bits) from int32 counters and two int32 seeds (uint32 bit patterns)."""
-    h = _mix32(counter + seeds[0])
-    h = _mix32(h ^ seeds[1])
-    return ((h >> 8) & 0xFFFFFF).to(torch.float32) * (2.0**-24)
+    if torch.compiler.is_compiling():
+        h = _mix32(counter + seeds[0])
+        h = _mix32(h ^ seeds[1])
+        return ((h >> 8) & 0xFFFFFF).to(torch.float32) * (2.0**-24)
+    h = counter + seeds[0]
+    tmp = torch.empty_like(h)
+    _mix32_(h, tmp)
+    h ^= seeds[1]
+    _mix32_(h, tmp)
+    h >>= 8
+    u = tmp.view(torch.float32)  # the scratch, reused for the result
+    return u.copy_(h.bitwise_and_(0xFFFFFF)).mul_(2.0**-24)
 
 
 def draw_seeds(generator: torch.Generator | None, device: torch.device | str) -> torch.Tensor:
@@ -400,10 +484,11 @@ def _qdq(
         scale = _rdiv(elem.max, a).clamp(max=_F32_MAX)  # a tiny -> Inf -> the largest float
         scale = torch.where(a == 0, torch.ones_like(scale), scale)
         scale_inv = torch.where(torch.isfinite(a), 1.0 / scale, torch.full_like(scale, float("nan")))
-        return round_to_element(p * scale, elem, noise) * scale_inv
+        return round_to_element(p * scale, elem, noise).mul_(scale_inv)
 
     # Blocked formats: view p as (P0/b0, b0, P1/b1, b1) so that 1-D (one block dim
-    # is 1) and 2-D blocks, rowwise and colwise, share one code path.
+    # is 1) and 2-D blocks, rowwise and colwise, share one code path. Full-size
+    # temporaries are updated in place (fewer allocations and page faults in eager mode).
     br, bc = spec.block_for(operand)
     b0, b1 = (bc, br) if colwise else (br, bc)
     pb = p.reshape(p.shape[0] // b0, b0, p.shape[1] // b1, b1)
@@ -418,7 +503,7 @@ def _qdq(
         k = _floor_log2(_rdiv(elem.max, block_amax)).clamp(-127, 127)
         k = torch.where(block_amax == 0, torch.zeros_like(k), k)
         scale_inv = torch.where(finite, _exp2i(-k), torch.full_like(block_amax, nan))
-        y = round_to_element(pb * _exp2i(k), elem, nb) * scale_inv
+        y = round_to_element(pb * _exp2i(k), elem, nb).mul_(scale_inv)
 
     elif spec.scaling is Scaling.BLOCK_E8M0:
         # Decode scale 2**k with k from the exponent bits of the block amax (exact, no log2 rounding).
@@ -428,12 +513,14 @@ def _qdq(
             k = k + (_mantissa_bits(block_amax) > _MAX_MANTISSA_BITS[elem.name]).to(k.dtype)
         k = k.clamp(-127, 127)  # the E8M0 range
         scale_inv = torch.where(finite, _exp2i(k), torch.full_like(block_amax, nan))
-        y = round_to_element(pb * _exp2i(-k), elem, nb) * scale_inv
+        y = round_to_element(pb * _exp2i(-k), elem, nb).mul_(scale_inv)
 
     elif spec.scaling is Scaling.BLOCK_E4M3_TENSOR:
         # NVFP4 as in TE's NVFP4BlockScaling reference: an FP32 tensor scale maps
         # the tensor amax to 448*6; each block's decode scale is stored in E4M3.
-        a = p.abs().amax() if amax is None else amax
+        # The local tensor amax is the max of the block amaxes (exact; NaN propagates):
+        # one pass over the operand fewer than p.abs().amax().
+        a = block_amax.amax() if amax is None else amax
         s_enc = _rdiv(_NVFP4_TENSOR_MAX, a).clamp(max=_F32_MAX)
         s_enc = torch.where(s_enc == 0, torch.ones_like(s_enc), s_enc)
         s_dec = 1.0 / s_enc
@@ -441,8 +528,8 @@ def _qdq(
         enc = (1.0 / (s_block * s_dec)).clamp(max=_F32_MAX)  # zero block -> largest float; x = 0 stays 0
         s_block = torch.where(finite & torch.isfinite(a), s_block, torch.full_like(s_block, nan))
         # clamp before rounding: a block whose E4M3 scale underflowed to 0 must give 0, not Inf * 0
-        q = round_to_element((pb * enc).clamp(-elem.max, elem.max), elem, nb)
-        y = (q * s_block) * s_dec  # q * s_block is exact; one rounding by the tensor scale
+        q = round_to_element((pb * enc).clamp_(-elem.max, elem.max), elem, nb)
+        y = q.mul_(s_block).mul_(s_dec)  # q * s_block is exact; one rounding by the tensor scale
 
     else:  # pragma: no cover - every Scaling is handled above
         raise AssertionError(spec.scaling)
@@ -453,7 +540,7 @@ def _qdq(
 # compiled variants
 # --------------------------------------------------------------------------- #
 _QdqFn = Callable[[torch.Tensor, "torch.Tensor | None", "torch.Tensor | None"], torch.Tensor]
-_CompileKey = tuple  # (format, operand, hadamard, colwise, shape, device type, has amax, has seeds)
+_CompileKey = tuple  # (format, operand, hadamard, colwise, physical shape, device type, has amax, has seeds)
 _COMPILED: dict[_CompileKey, _QdqFn] = {}
 _COMPILE_ERROR: list[str] = []  # the first failure; after it everything runs eager
 
@@ -462,14 +549,15 @@ def _qdq_template(p: torch.Tensor, amax: torch.Tensor | None, seeds: torch.Tenso
     return _qdq(p, _SPEC, _OPERAND, _HADAMARD, _COLWISE, amax, seeds)  # type: ignore[name-defined]  # noqa: F821
 
 
-def _specialized(spec: Format, operand: Operand, hadamard: bool, colwise: bool) -> _QdqFn:
+def _specialized(spec: Format, operand: Operand, hadamard: bool, colwise: bool, tag: str = "") -> _QdqFn:
     """A copy of ``_qdq_template`` with its own code object and its constants bound as globals.
 
-    torch.compile keeps compiled graphs and its recompile budget (8) per code
-    object; a code object per variant keeps the variants a run uses from
-    evicting each other or silently falling back to eager.
+    torch.compile keeps compiled graphs, guards and its recompile budget (8) per code
+    object. One code object per compile key (``tag`` names the shape) means each holds
+    exactly one graph: no variant evicts another or silently falls back to eager after
+    8 shapes, and a call checks one set of guards instead of trying several.
     """
-    name = f"qdq_{spec.name}_{operand.value}{'_rht' if hadamard else ''}{'_colwise' if colwise else ''}"
+    name = f"qdq_{spec.name}_{operand.value}{'_rht' if hadamard else ''}{'_colwise' if colwise else ''}{tag}"
     code = _qdq_template.__code__.replace(co_name=name)
     glb = dict(globals(), _SPEC=spec, _OPERAND=operand, _HADAMARD=hadamard, _COLWISE=colwise)
     return types.FunctionType(code, glb, name)
@@ -478,14 +566,16 @@ def _specialized(spec: Format, operand: Operand, hadamard: bool, colwise: bool) 
 def _get_compiled(
     spec: Format, operand: Operand, hadamard: bool, colwise: bool, p: torch.Tensor, amax: object, seeds: object
 ) -> _QdqFn:
-    # Static shapes: a training run sees a handful of fixed operand shapes, and
-    # static kernels measured up to several times faster than dynamic=True ones
-    # here (symbolic block reshapes defeat vectorization).
-    # the Format itself (frozen, compared by value): a modified spec under the same name gets its own kernel
+    # Static shapes: a training run sees a handful of fixed operand shapes, and static
+    # kernels measured several times faster than dynamic=True ones here (symbolic block
+    # reshapes and noise counters defeat vectorization: 0.06 vs 0.5 Gelem/s for nvfp4
+    # gradients). The Format itself (frozen, compared by value) is in the key: a modified
+    # spec under the same name gets its own kernel.
     key = (spec, operand, hadamard, colwise, tuple(p.shape), p.device.type, amax is None, seeds is None)
     fn = _COMPILED.get(key)
     if fn is None:
-        fn = torch.compile(_specialized(spec, operand, hadamard, colwise), dynamic=False)
+        tag = f"_{p.shape[0]}x{p.shape[1]}{'_amax' if amax is not None else ''}"
+        fn = torch.compile(_specialized(spec, operand, hadamard, colwise, tag), dynamic=False)
         _COMPILED[key] = fn
     return fn
 

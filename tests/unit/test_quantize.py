@@ -99,6 +99,34 @@ def test_element_rounding_saturates_and_keeps_nan(rounder, elem):
     assert y[7].item() == 0 and math.copysign(1, y[7].item()) == -1
 
 
+@pytest.mark.parametrize("rounder,ml_type,elem", ROUNDERS, ids=["e4m3", "e5m2", "e2m1"])
+def test_arithmetic_rounding_matches_ml_dtypes_and_eager_fast_paths(rounder, ml_type, elem):
+    # round_eXmY above runs the eager fast paths (float8 casts, the E2M1 magic add); torch.compile
+    # traces Q._round_arith instead. Pin the latter to ml_dtypes too, and both to each other on
+    # the values ml_dtypes cannot judge (saturation, Inf, NaN, signed zeros, fp32 subnormals).
+    x = _grid_and_midpoints(ml_type)
+    x = x[np.abs(x) <= elem.max]
+    want = x.astype(ml_type).astype(np.float32)
+    got = Q._round_arith(torch.from_numpy(x), elem, None).numpy()
+    np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
+    g = torch.Generator().manual_seed(2)
+    mag = torch.exp2(torch.empty(20000).uniform_(math.log2(elem.max) - 40, math.log2(elem.max) + 3, generator=g))
+    special = torch.tensor([0.0, -0.0, 1e-45, -1e-40, elem.max, elem.max * 1.01, 1e30, 3e38, INF, -INF, NAN])
+    xs = torch.cat([mag * torch.where(torch.rand(20000, generator=g) < 0.5, -1.0, 1.0), special, -special])
+    assert bits_equal(Q._round_arith(xs, elem, None), rounder(xs))
+
+
+def test_eager_noise_matches_traced_noise():
+    # _uniform_from_counter runs the hash in place when eager, functionally (_mix32) when traced.
+    counter = torch.randint(-(2**31), 2**31, (5000,), generator=gen(0), dtype=torch.int32)
+    seeds = torch.tensor([-123456789, 2**31 - 5], dtype=torch.int32)
+    before = counter.clone()
+    u = Q._uniform_from_counter(counter, seeds)
+    assert torch.equal(counter, before)  # the caller's counters are not modified
+    h = Q._mix32(Q._mix32(counter + seeds[0]) ^ seeds[1])
+    assert torch.equal(u, ((h >> 8) & 0xFFFFFF).to(torch.float32) * 2.0**-24)
+
+
 def test_e8m0_rounding_matches_ml_dtypes():
     k = np.arange(-127, 128, dtype=np.float64)
     reps = np.exp2(k).astype(np.float32)
@@ -402,9 +430,11 @@ def test_compiled_matches_eager():
     x = torch.randn(64, 128, generator=gen(0)) * 3
     x[0, :2] = torch.tensor([NAN, INF])
     x[16:32, :16] = 0
-    # Two variants cover every code path of _qdq but the pow2/tensor scales: nvfp4 gradients
-    # (SR noise, RHT, two-level scales, colwise layout) and mxfp8 (E8M0 exponent bits, rowwise).
-    cases = [("nvfp4", Operand.GRADIENT, True, x.t().contiguous().t()), ("mxfp8", Operand.ACTIVATION, False, x)]
+    # These variants cover every code path of _qdq but the pow2/tensor scales: nvfp4 gradients
+    # (SR noise, RHT, two-level scales, colwise layout), mxfp8 (E8M0 exponent bits, rowwise) and
+    # mxfp4 weights (E2M1 round-to-nearest, colwise): eager runs other rounding code than compiled.
+    cases = [("nvfp4", Operand.GRADIENT, True, x.t().contiguous().t()), ("mxfp8", Operand.ACTIVATION, False, x),
+             ("mxfp4", Operand.WEIGHT, False, x.t().contiguous().t())]
     for fmt, operand, h, inp in cases:
         eager = quantize(inp, fmt, operand, generator=gen(1), hadamard=h)
         comp = quantize(inp, fmt, operand, generator=gen(1), hadamard=h, compiled=True)

@@ -1,0 +1,273 @@
+"""Issue #3 benchmark: an emulated low-precision training step vs a BF16 step on this CPU.
+
+    python scripts/bench_quant.py                       # compiled quantizers, 1 thread (~2-3 min)
+    python scripts/bench_quant.py --eager --formats nvfp4 --steps 3
+    python scripts/bench_quant.py --formats nvfp4 --profile   # + where an nvfp4 step's time goes
+
+(1) Step ratios. One ``Trainer`` on ``--config`` (default ``tiny``: 4 layers, d=256, micro-batch
+    8 x 256 tokens, fp32, SNIP off). Every GEMM of every linear runs in one format (a uniform
+    plan, switched with ``trainer.apply_plan`` between steps). First each format runs
+    ``--warmup`` untimed steps (they pay kernel compilation and allocator warm-up; their times
+    are reported separately as "warm-up"). Then ``--steps`` rounds: each round times one step of
+    BF16 and one of every format, in a rotating order, so that all formats see the same machine
+    load. Reported per format: the median step time (wall clock and process CPU time) and the
+    median over rounds of (format step / BF16 step of the same round) - the issue's ratio.
+(2) ``--profile``: for the last format, the share of one step spent inside ``quantize`` (wall
+    clock around every call of ``gemm.quantize``), the GEMMs, and the top torch.profiler ops.
+(3) Quantizer throughput per format and operand kind on the six operands of one linear
+    (``--linear T,K,N``, default tiny's fc1: 2048 tokens, 256 -> 1536), laid out as in training,
+    in the same mode (compiled or eager); reuses ``timeit`` of ``scripts/bench_quantizers.py``
+    (``--shape`` there times arbitrary shapes).
+
+Timings are on a possibly shared machine. One torch thread by default: on 2 cores shared with
+other processes, two OpenMP threads stall at every barrier whenever a core is taken (a step
+then varies 2-10x), which swamps what is being measured. CPU time of a one-thread process is
+the least disturbed measure; wall time is printed next to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))  # bench_quantizers; scripts/ is not a package
+sys.path.insert(0, str(REPO))
+
+import torch
+
+from megatron_snip.config import load_config
+from megatron_snip.precision import gemm as gemm_module
+from megatron_snip.precision.formats import Operand, get_format
+from megatron_snip.precision.plan import PrecisionPlan
+from megatron_snip.precision.quantize import quantize
+
+FORMATS = ("fp8", "mxfp8", "mxfp4", "nvfp4")
+
+
+def _timed(fn: Callable[[], object]) -> tuple[float, float]:
+    """(wall, process CPU) seconds of one call."""
+    w0, c0 = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - w0, time.process_time() - c0
+
+
+def build_trainer(config: str, overrides: list[str], compiled: bool, run_dir: str):
+    from megatron_snip.telemetry.logger import RunLogger
+    from megatron_snip.training.trainer import Trainer
+
+    cfg = load_config(config, [*overrides, "snip.enabled=false", "precision.initial_plan=bf16",
+                               f"precision.compile_quantizers={str(compiled).lower()}", "training.progress=false",
+                               f"training.run_dir={json.dumps(run_dir)}", "training.eval_interval=1000000"])
+    return Trainer(cfg, logger=RunLogger(cfg.training.run_dir, is_writer=True))
+
+
+def uniform_plan(trainer, fmt: str) -> PrecisionPlan:
+    return PrecisionPlan.uniform(fmt, trainer.cfg.model.num_layers, trainer.linear_numel)
+
+
+class _Stepper:
+    """Runs training steps in a chosen uniform plan; consecutive data positions."""
+
+    def __init__(self, trainer) -> None:
+        self.trainer, self.step, self.skipped = trainer, 0, 0
+        self.plans = {}
+
+    def __call__(self, fmt: str) -> tuple[float, float]:
+        if fmt not in self.plans:
+            self.plans[fmt] = uniform_plan(self.trainer, fmt)
+        self.trainer.apply_plan(self.plans[fmt], record=False)
+        result = {}
+        times = _timed(lambda: result.setdefault("r", self.trainer.train_step(self.step)))
+        self.skipped += int(result["r"].skipped)
+        self.step += 1
+        return times
+
+
+def measure_steps(stepper: _Stepper, formats: list[str], warmup: int, rounds: int) -> dict:
+    """(1): warm-up per format, then ``rounds`` rotating rounds of BF16 + every format."""
+    names = ["bf16", *formats]
+    warm = {f: [stepper(f)[0] for _ in range(warmup)] for f in names}
+    wall: dict[str, list[float]] = {f: [] for f in names}
+    cpu: dict[str, list[float]] = {f: [] for f in names}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for f in order:
+            w, c = stepper(f)
+            wall[f].append(w)
+            cpu[f].append(c)
+    med = statistics.median
+    out = {}
+    for f in names:
+        out[f] = {
+            "wall_s": med(wall[f]), "wall_min_s": min(wall[f]), "cpu_s": med(cpu[f]),
+            "ratio_wall": med([a / b for a, b in zip(wall[f], wall["bf16"])]),
+            "ratio_cpu": med([a / b for a, b in zip(cpu[f], cpu["bf16"])]),
+            "warmup_s": warm[f], "warmup_extra_s": sum(warm[f]) - len(warm[f]) * med(wall[f]),
+        }
+    return out
+
+
+def print_steps(res: dict, threads: int, mode: str) -> None:
+    print(f"\n(1) one training step, every GEMM in one format vs BF16 ({mode} quantizers, {threads} thread(s); "
+          "medians over rounds; ratio = median of per-round ratios)")
+    print(f"{'format':8s} {'wall s':>8s} {'(min)':>7s} {'cpu s':>7s} {'ratio wall':>11s} {'ratio cpu':>10s} "
+          f"{'warm-up steps (s)':>20s} {'warm-up extra s':>16s}")
+    for f, v in res.items():
+        warm = " ".join(f"{t:.1f}" for t in v["warmup_s"])
+        print(f"{f:8s} {v['wall_s']:8.3f} {v['wall_min_s']:7.3f} {v['cpu_s']:7.3f} {v['ratio_wall']:10.2f}x "
+              f"{v['ratio_cpu']:9.2f}x {warm:>20s} {v['warmup_extra_s']:16.1f}")
+
+
+def profile_step(stepper: _Stepper, fmt: str, steps: int, top: int) -> None:
+    """(2): time inside quantize() and the top profiler ops of ``steps`` steps in ``fmt``."""
+    real_quantize = gemm_module.quantize
+    spent = [0.0, 0]
+
+    def timed_quantize(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return real_quantize(*args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - t0
+            spent[1] += 1
+
+    gemm_module.quantize = timed_quantize
+    try:
+        walls = []
+        for _ in range(steps):
+            walls.append(stepper(fmt)[0])
+    finally:
+        gemm_module.quantize = real_quantize
+    step_s = sum(walls) / steps
+    q_s = spent[0] / steps
+    print(f"\n(2) profile of a {fmt} step: {step_s:.3f}s wall, of which {q_s:.3f}s ({100 * q_s / step_s:.0f}%) "
+          f"inside quantize() ({spent[1] // steps} calls per step, {1e6 * spent[0] / max(spent[1], 1):.0f} us per call)")
+    groups_bf16, _ = _profile_groups(stepper, "bf16", steps)
+    groups, rows = _profile_groups(stepper, fmt, steps)
+    print(f"  torch.profiler self CPU time, s/step:  {'bf16':>8s} {fmt:>8s} {'diff':>8s}")
+    for g in sorted(groups.keys() | groups_bf16.keys(), key=lambda k: -groups.get(k, 0.0)):
+        a, b = groups_bf16.get(g, 0.0), groups.get(g, 0.0)
+        print(f"    {g:34s} {a:8.3f} {b:8.3f} {b - a:+8.3f}")
+    a, b = sum(groups_bf16.values()), sum(groups.values())
+    print(f"    {'total (profiler on)':34s} {a:8.3f} {b:8.3f} {b - a:+8.3f}")
+    print(f"  top {top} ops of the {fmt} step by self CPU time:")
+    for e in rows[:top]:
+        print(f"    {e.key[:60]:60s} {e.self_cpu_time_total / steps / 1e3:9.1f} ms/step  {e.count // steps:6d} calls/step")
+
+
+_GROUPS = (  # (group, predicate on the profiler event name), first match wins
+    ("GEMMs (aten::mm)", lambda n: n in ("aten::mm", "aten::addmm", "aten::bmm")),
+    ("compiled quantizer graphs", lambda n: "CompiledFxGraph" in n or "Compiled Region" in n),
+    ("dynamo guards / cache lookup", lambda n: "Dynamo" in n),
+    ("attention", lambda n: "scaled_dot_product" in n),
+    ("quant_linear autograd (Python)", lambda n: "QuantLinearFn" in n),
+    ("elementwise ops", lambda n: n.split("::")[-1].rstrip("_") in _ELEMENTWISE),
+)
+_ELEMENTWISE = {"mul", "add", "sub", "div", "where", "abs", "amax", "clamp", "copysign", "round", "floor", "ge", "lt",
+                "gt", "le", "eq", "ne", "bitwise_and", "bitwise_xor", "bitwise_or", "__rshift__", "__lshift__",
+                "reciprocal", "copy", "fill", "to", "_to_copy", "isfinite", "isnan", "stack", "cat", "full_like",
+                "arange", "randint", "maximum", "minimum", "neg", "mean", "sum", "pow", "rsqrt", "sqrt", "exp",
+                "silu", "silu_backward", "addcdiv", "addcmul", "lerp", "sign", "mul_"}
+
+
+def _profile_groups(stepper: _Stepper, fmt: str, steps: int):
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            stepper(fmt)
+    rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    groups: dict[str, float] = {}
+    for e in rows:
+        g = next((name for name, pred in _GROUPS if pred(e.key)), "other ops")
+        groups[g] = groups.get(g, 0.0) + e.self_cpu_time_total / steps / 1e6
+    return groups, rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default=str(REPO / "launch/configs/tiny.toml"))
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    ap.add_argument("--formats", default=",".join(FORMATS), help="comma-separated formats to compare with bf16")
+    ap.add_argument("--steps", type=int, default=5, help="timed rounds (one step per format each)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed warm-up steps per format (reported)")
+    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1, see above)")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--compiled", dest="compiled", action="store_true", default=True,
+                      help="torch.compile'd quantizers (default)")
+    mode.add_argument("--eager", dest="compiled", action="store_false", help="eager quantizers")
+    ap.add_argument("--profile", action="store_true", help="(2): profile steps in the last format")
+    ap.add_argument("--linear", default="2048,256,1536",
+                    help="T,K,N of the linear whose operands (3) times (default: tiny's fc1); 'none' skips (3)")
+    ap.add_argument("--quant-reps", type=int, default=5, help="timed calls per operand in (3)")
+    args = ap.parse_args(argv)
+    if args.steps < 1 or args.threads < 1 or args.warmup < 1:
+        print(f"error: --steps={args.steps}, --warmup={args.warmup} and --threads={args.threads} must be >= 1",
+              file=sys.stderr)
+        return 2
+    formats = [f for f in args.formats.split(",") if f and f != "bf16"]
+    torch.set_num_threads(args.threads)
+    mode_name = "compiled" if args.compiled else "eager"
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, {args.threads} thread(s), "
+          f"load average {os.getloadavg()[0]:.1f}, {mode_name} quantizers", flush=True)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench_quant_") as run_dir:
+        try:
+            trainer = build_trainer(args.config, args.overrides, args.compiled, run_dir)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        stepper = _Stepper(trainer)
+        res = measure_steps(stepper, formats, args.warmup, args.steps)
+        print_steps(res, args.threads, mode_name)
+        if stepper.skipped:
+            print(f"  ({stepper.skipped} steps were skipped by the NaN guard; their times lack the optimizer step)")
+        if args.profile and formats:
+            profile_step(stepper, formats[-1], 2, 15)
+        trainer.logger.close()
+    if args.linear != "none" and formats:
+        t, k, n = (int(v) for v in args.linear.split(","))
+        bench_quantizer_throughput(formats, t, k, n, args.quant_reps, args.compiled)
+    print(f"\nbench wall time {time.perf_counter() - t0:.0f}s")
+    return 0
+
+
+def linear_operands(fmt: str, t: int, k: int, n: int) -> list[tuple[str, Operand, bool, torch.Tensor]]:
+    """The six operands one quant_linear quantizes for Y = X·Wᵀ (X (T, K), W (N, K)), laid out as
+    in training - the same compiled kernels the step just used, so (3) compiles nothing new."""
+    g = torch.Generator().manual_seed(0)
+    x, w, dy = torch.randn(t, k, generator=g), torch.randn(n, k, generator=g), torch.randn(t, n, generator=g)
+    rht = get_format(fmt).wgrad_hadamard
+    h = " +RHT" if rht else ""
+    return [(f"X {t}x{k}", Operand.ACTIVATION, False, x), (f"W {n}x{k}", Operand.WEIGHT, False, w),
+            (f"dY {t}x{n}", Operand.GRADIENT, False, dy), (f"W^T {k}x{n}", Operand.WEIGHT, False, w.t()),
+            (f"dY^T {n}x{t}{h}", Operand.GRADIENT, rht, dy.t()), (f"X^T {k}x{t}{h}", Operand.ACTIVATION, rht, x.t())]
+
+
+def bench_quantizer_throughput(formats: list[str], t: int, k: int, n: int, reps: int, compiled: bool) -> None:
+    """(3): elements/s of ``quantize`` per format and operand kind (best of ``reps``; median)."""
+    from bench_quantizers import timeit
+
+    gen = torch.Generator().manual_seed(1)
+    print(f"\n(3) quantize() throughput ({'compiled' if compiled else 'eager'}) on the operands of a {k}->{n} "
+          f"linear with {t} tokens, Gelem/s = 1e9 elements/s, best of {reps} (median)")
+    names = [name for name, *_ in linear_operands(formats[0], t, k, n)]
+    print(f"  {'format':8s}" + "".join(f"{name.split()[0]:>16s}" for name in names))
+    for fmt in formats:
+        cells = []
+        for _, operand, rht, x in linear_operands(fmt, t, k, n):
+            best, med = timeit(lambda: quantize(x, fmt, operand, generator=gen, hadamard=rht, compiled=compiled), reps)
+            cells.append(f"{x.numel() / best / 1e9:7.3f} ({x.numel() / med / 1e9:5.3f})")
+        print(f"  {fmt:8s}" + "".join(f"{c:>16s}" for c in cells), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
