@@ -1,6 +1,6 @@
 """Issue #3 benchmark: an emulated low-precision training step vs a BF16 step on this CPU.
 
-    python scripts/bench_quant.py                       # compiled quantizers, 1 thread (~2-3 min)
+    python scripts/bench_quant.py          # compiled, 1 thread: ~75 s (~2.5 min with a cold inductor cache)
     python scripts/bench_quant.py --eager --formats nvfp4 --steps 3
     python scripts/bench_quant.py --formats nvfp4 --profile   # + where an nvfp4 step's time goes
 
@@ -13,11 +13,16 @@
     load. Reported per format: the median step time (wall clock and process CPU time) and the
     median over rounds of (format step / BF16 step of the same round) - the issue's ratio.
 (2) ``--profile``: for the last format, the share of one step spent inside ``quantize`` (wall
-    clock around every call of ``gemm.quantize``), the GEMMs, and the top torch.profiler ops.
+    clock around every call of ``gemm.quantize``), then torch.profiler self time by group (GEMMs,
+    quantizer kernels, Python/autograd, ...) next to a BF16 step, and the top ops.
 (3) Quantizer throughput per format and operand kind on the six operands of one linear
     (``--linear T,K,N``, default tiny's fc1: 2048 tokens, 256 -> 1536), laid out as in training,
     in the same mode (compiled or eager); reuses ``timeit`` of ``scripts/bench_quantizers.py``
     (``--shape`` there times arbitrary shapes).
+
+By default the process first calls ``gemm.tune_cpu_malloc()`` (fixed glibc mmap/trim
+thresholds: without them the quantized GEMMs' temporaries page-fault in anew every few GEMMs,
+~5% of a compiled nvfp4 step); ``--no-malloc-tuning`` measures an untuned process.
 
 Timings are on a possibly shared machine. One torch thread by default: on 2 cores shared with
 other processes, two OpenMP threads stall at every barrier whenever a core is taken (a step
@@ -34,7 +39,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,13 +54,6 @@ from megatron_snip.precision.plan import PrecisionPlan
 from megatron_snip.precision.quantize import quantize
 
 FORMATS = ("fp8", "mxfp8", "mxfp4", "nvfp4")
-
-
-def _timed(fn: Callable[[], object]) -> tuple[float, float]:
-    """(wall, process CPU) seconds of one call."""
-    w0, c0 = time.perf_counter(), time.process_time()
-    fn()
-    return time.perf_counter() - w0, time.process_time() - c0
 
 
 def build_trainer(config: str, overrides: list[str], compiled: bool, run_dir: str):
@@ -81,12 +78,14 @@ class _Stepper:
         self.plans = {}
 
     def __call__(self, fmt: str) -> tuple[float, float]:
+        """One training step in ``fmt``: (wall, process CPU) seconds."""
         if fmt not in self.plans:
             self.plans[fmt] = uniform_plan(self.trainer, fmt)
         self.trainer.apply_plan(self.plans[fmt], record=False)
-        result = {}
-        times = _timed(lambda: result.setdefault("r", self.trainer.train_step(self.step)))
-        self.skipped += int(result["r"].skipped)
+        w0, c0 = time.perf_counter(), time.process_time()
+        result = self.trainer.train_step(self.step)
+        times = time.perf_counter() - w0, time.process_time() - c0
+        self.skipped += int(result.skipped)
         self.step += 1
         return times
 
@@ -119,7 +118,7 @@ def print_steps(res: dict, threads: int, mode: str) -> None:
     print(f"\n(1) one training step, every GEMM in one format vs BF16 ({mode} quantizers, {threads} thread(s); "
           "medians over rounds; ratio = median of per-round ratios)")
     print(f"{'format':8s} {'wall s':>8s} {'(min)':>7s} {'cpu s':>7s} {'ratio wall':>11s} {'ratio cpu':>10s} "
-          f"{'warm-up steps (s)':>20s} {'warm-up extra s':>16s}")
+          f"{'warm-up steps (s)':>20s} {'of which extra s':>16s}")
     for f, v in res.items():
         warm = " ".join(f"{t:.1f}" for t in v["warmup_s"])
         print(f"{f:8s} {v['wall_s']:8.3f} {v['wall_min_s']:7.3f} {v['cpu_s']:7.3f} {v['ratio_wall']:10.2f}x "
@@ -205,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
                       help="torch.compile'd quantizers (default)")
     mode.add_argument("--eager", dest="compiled", action="store_false", help="eager quantizers")
     ap.add_argument("--profile", action="store_true", help="(2): profile steps in the last format")
+    ap.add_argument("--no-malloc-tuning", dest="malloc_tuning", action="store_false",
+                    help="leave glibc malloc's thresholds alone (default: gemm.tune_cpu_malloc(), see there)")
     ap.add_argument("--linear", default="2048,256,1536",
                     help="T,K,N of the linear whose operands (3) times (default: tiny's fc1); 'none' skips (3)")
     ap.add_argument("--quant-reps", type=int, default=5, help="timed calls per operand in (3)")
@@ -214,10 +215,21 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     formats = [f for f in args.formats.split(",") if f and f != "bf16"]
+    try:
+        for f in formats:
+            get_format(f)
+        linear = None if args.linear == "none" else tuple(int(v) for v in args.linear.split(","))
+        if linear is not None and len(linear) != 3:
+            raise ValueError(f"--linear={args.linear!r} must be T,K,N (three integers) or 'none'")
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     torch.set_num_threads(args.threads)
+    tuned = gemm_module.tune_cpu_malloc() if args.malloc_tuning else False
     mode_name = "compiled" if args.compiled else "eager"
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, {args.threads} thread(s), "
-          f"load average {os.getloadavg()[0]:.1f}, {mode_name} quantizers", flush=True)
+          f"load average {os.getloadavg()[0]:.1f}, {mode_name} quantizers, "
+          f"malloc thresholds {'tuned' if tuned else 'default'}", flush=True)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench_quant_") as run_dir:
         try:
@@ -233,9 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.profile and formats:
             profile_step(stepper, formats[-1], 2, 15)
         trainer.logger.close()
-    if args.linear != "none" and formats:
-        t, k, n = (int(v) for v in args.linear.split(","))
-        bench_quantizer_throughput(formats, t, k, n, args.quant_reps, args.compiled)
+    if linear is not None and formats:
+        bench_quantizer_throughput(formats, *linear, args.quant_reps, args.compiled)
     print(f"\nbench wall time {time.perf_counter() - t0:.0f}s")
     return 0
 
@@ -264,7 +275,10 @@ def bench_quantizer_throughput(formats: list[str], t: int, k: int, n: int, reps:
     for fmt in formats:
         cells = []
         for _, operand, rht, x in linear_operands(fmt, t, k, n):
-            best, med = timeit(lambda: quantize(x, fmt, operand, generator=gen, hadamard=rht, compiled=compiled), reps)
+            def run(x=x, fmt=fmt, operand=operand, rht=rht) -> None:  # bind this iteration's values
+                quantize(x, fmt, operand, generator=gen, hadamard=rht, compiled=compiled)
+
+            best, med = timeit(run, reps)
             cells.append(f"{x.numel() / best / 1e9:7.3f} ({x.numel() / med / 1e9:5.3f})")
         print(f"  {fmt:8s}" + "".join(f"{c:>16s}" for c in cells), flush=True)
 

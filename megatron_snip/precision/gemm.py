@@ -46,7 +46,7 @@ from megatron_snip.precision.formats import Operand, get_format
 from megatron_snip.precision.plan import GEMMS, GemmPrecision
 from megatron_snip.precision.quantize import check_operand_shape, quantize
 
-__all__ = ["QuantLinear", "check_linear_shapes", "quant_linear"]
+__all__ = ["QuantLinear", "check_linear_shapes", "quant_linear", "tune_cpu_malloc"]
 
 AmaxReduce = Callable[[torch.Tensor], torch.Tensor]
 
@@ -84,6 +84,34 @@ def check_linear_shapes(
         raise ValueError(
             f"linear {k}->{n} cannot run {precision}: " + "; ".join(problems)
         )
+
+
+def tune_cpu_malloc(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 << 30) -> bool:
+    """Stop glibc malloc from re-faulting the emulated GEMMs' temporaries; call once per process.
+
+    Why: every quantized GEMM allocates and frees operand-sized fp32 temporaries (up to
+    T x N, ~12 MiB for tiny's fc1). glibc maps blocks above its mmap threshold afresh
+    each time and returns the free top of its heap to the OS once it exceeds its trim
+    threshold (both dynamic, starting at 128 KiB / 256 KiB), so the next temporary
+    page-faults in again: 5-40k faults per tiny nvfp4 step, ~5% of a compiled step and
+    a third of an eager one (scripts/bench_quant.py). Fixing the thresholds - blocks up
+    to ``mmap_threshold`` (glibc's cap is 32 MiB) come from the heap, and up to
+    ``trim_threshold`` bytes of free heap stay mapped - removes them. The same effect
+    as MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_ in the environment, or LD_PRELOAD
+    of jemalloc/tcmalloc, which PyTorch's CPU tuning guide recommends.
+
+    Process-wide, so the entry point decides (the library never calls it). Returns
+    False where the C library has no ``mallopt`` (not glibc): nothing changed.
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    return bool(mallopt(m_mmap_threshold, mmap_threshold)) and bool(mallopt(m_trim_threshold, trim_threshold))
 
 
 def _gemm_operands(fmt: str, a: torch.Tensor, a_kind: Operand, b: torch.Tensor, b_kind: Operand,
