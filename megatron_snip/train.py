@@ -43,6 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     from megatron_snip.parallel.distributed import destroy_distributed, env_world_size, init_distributed
     from megatron_snip.training.run import run_training
 
+    if cfg.precision.backend == "emulated":
+        # The emulated GEMMs allocate operand-sized temporaries every call; fixed glibc malloc
+        # thresholds keep them mapped (~5% of a compiled nvfp4 step; see gemm.tune_cpu_malloc).
+        from megatron_snip.precision.gemm import tune_cpu_malloc
+
+        tune_cpu_malloc()
+
     try:
         # torchrun sets WORLD_SIZE; a plain `python -m megatron_snip.train` runs one process, no process group.
         world_size = env_world_size()

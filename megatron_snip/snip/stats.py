@@ -157,7 +157,7 @@ class StatsCollector:
                 losses.append(float(trainer.forward_backward([tokens])))
             output_shapes.append({k: records[k].g.shape for k in keys})
             for k, lin in zip(keys, linears):
-                self._measure_errors(lin, records[k], sums[k], edw_acc[k], gen)
+                self._measure_errors(lin, records[k], sums[k], edw_acc[k], gen, first_batch=not output_shapes[:-1])
         grads = {id(p): p.grad.detach() / n for p in model.parameters() if p.grad is not None}
         timings["reference_pass_s"] = time.perf_counter() - t0
 
@@ -225,7 +225,7 @@ class StatsCollector:
         }
 
     def _measure_errors(self, lin: PrecisionLinear, rec: _Record, s: dict[str, Any],
-                        edw_acc: dict[str, torch.Tensor], gen: torch.Generator) -> None:
+                        edw_acc: dict[str, torch.Tensor], gen: torch.Generator, *, first_batch: bool) -> None:
         assert rec.x is not None and rec.g is not None, f"linear {key_of(lin)} saw no forward/backward"
         x, g, w = _flat(rec.x), _flat(rec.g), lin.weight.detach().float()
         y_ref, dx_ref, dw_ref = x @ w.t(), g @ w, g.t() @ x
@@ -251,7 +251,8 @@ class StatsCollector:
                 edw_acc[f] = edw_acc[f] + e_dw if f in edw_acc else e_dw
                 pf["sq_qerr_x"] += operand_error(lin, x, w, f, "x")
                 pf["sq_qerr_g"] += operand_error(lin, g, w, f, "g")
-                pf["sq_qerr_w"] = operand_error(lin, x, w, f, "w")
+                if first_batch:  # W is the same for every probe batch
+                    pf["sq_qerr_w"] = operand_error(lin, x, w, f, "w")
         finally:
             lin.generator = saved_gen
 
@@ -324,7 +325,9 @@ def operand_error(lin: PrecisionLinear, x_tk: torch.Tensor, w_nk: torch.Tensor, 
     if fmt == "bf16":
         return 0.0
     a, op = {"x": (x_tk, Operand.ACTIVATION), "w": (w_nk, Operand.WEIGHT), "g": (x_tk, Operand.GRADIENT)}[which]
-    q = quantize(a, fmt, op, generator=lin.generator, amax_reduce=lin.amax_reduce)
+    # Same quantizer mode as the layer's own GEMMs (an eager nvfp4 quantize is ~5x a compiled one).
+    compiled = getattr(lin.backend, "compiled", False)
+    q = quantize(a, fmt, op, generator=lin.generator, amax_reduce=lin.amax_reduce, compiled=compiled)
     return float((q - a).pow(2).sum())
 
 
