@@ -578,7 +578,8 @@ def aggregate(results: Sequence[dict], domain: str, format_sets: Sequence[tuple[
 # ======================================================================================
 # Report
 # ======================================================================================
-PLACEHOLDER = ("> **PLACEHOLDER - to be written by the lead from the numbers above.** "
+DISCUSSION_FILE = "results_discussion.md"  # hand-written, next to the report; included verbatim
+PLACEHOLDER = (f"> **PLACEHOLDER - to be written from the numbers above, in {DISCUSSION_FILE} next to this report.** "
                "This generated report states no conclusions.")
 
 
@@ -862,7 +863,11 @@ def write_report(results: Sequence[dict], p: Protocol, report: Path, *, command:
         out += [("#" + line) if line.startswith("#") else line for line in body] + [""]
     else:
         out += ["_Not run yet: `python scripts/validate_metrics.py --out docs/validation` writes the summary._", ""]
-    out += ["## What this shows", "", PLACEHOLDER, ""]
+    # The conclusions are written by a person from the numbers above, in a file of their own, so
+    # that regenerating the tables (a rerun, --report-only) never erases them.
+    discussion = docs / DISCUSSION_FILE
+    out += ["## What this shows", ""]
+    out += [discussion.read_text().strip() if discussion.is_file() else PLACEHOLDER, ""]
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text("\n".join(out))
     return report

@@ -206,6 +206,10 @@ def test_report_from_fake_results(tmp_path):
     d05 = [SNIP[s] - 0.01 - LAYER[s] for s in (1, 2)]
     assert f"{statistics.mean(d05):+.4f} ± {statistics.stdev(d05):.4f} (2)" in sweep
     assert "PLACEHOLDER" in text.split("## What this shows")[1]
+    # a hand-written discussion next to the report replaces the placeholder and survives regeneration
+    (tmp_path / "docs" / cp.DISCUSSION_FILE).write_text("SNIP ties BF16 here because of X.\n")
+    text = cp.write_report(results, p, report, command="python scripts/compare_policies.py X").read_text()
+    assert text.split("## What this shows")[1].strip() == "SNIP ties BF16 here because of X."
     figs = tmp_path / "docs" / "figures"
     assert (figs / "compare_curves_fp8-mxfp4.png").stat().st_size > 1000
     assert (figs / "compare_snip_precision_map_fp8-mxfp4_seed1.png").read_bytes() == b"\x89PNG fake"
