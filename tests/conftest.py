@@ -13,6 +13,9 @@ SMALL = [
     "model.num_kv_heads=2", "training.seq_len=32", "training.micro_batch_size=4", "training.global_batch_size=4",
     "training.warmup_steps=2", "training.eval_batches=2", "training.progress=false", "snip.enabled=false",
     "data.valid_paths=[]",
+    # Eager quantizers: each test model has its own shapes, and compiling kernels for them would
+    # dominate the suite (compiled == eager is tested in test_quantize.py).
+    "precision.compile_quantizers=false",
 ]
 
 

@@ -18,6 +18,7 @@ from megatron_snip.training.trainer import Trainer
 
 TINY = "launch/configs/tiny.toml"
 BASE = [
+    "precision.compile_quantizers=false",  # eager: compiling per test shape would dominate the suite
     "model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=64", "model.num_attention_heads=4",
     "model.num_kv_heads=2", "training.seq_len=32", "training.micro_batch_size=4", "training.global_batch_size=8",
     "training.warmup_steps=1", "training.eval_batches=1", "training.eval_interval=1000", "training.progress=false",

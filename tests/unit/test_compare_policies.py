@@ -26,7 +26,8 @@ MX = ("fp8", "mxfp4")
 NV = ("fp8", "nvfp4")
 # A 2-layer d=64 model: every format's block divides its dims and the 2x32-token micro-batch.
 SMALL_SETS = ("model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128", "training.seq_len=32",
-              "training.micro_batch_size=2", "training.global_batch_size=2", "training.warmup_steps=1")
+              "training.micro_batch_size=2", "training.global_batch_size=2", "training.warmup_steps=1",
+              "precision.compile_quantizers=false")  # eager: compiling for these shapes would dominate
 
 
 def small_protocol(**kw) -> cp.Protocol:
