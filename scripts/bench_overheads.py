@@ -22,8 +22,10 @@ Timings are wall-clock on a possibly shared machine: medians, with the min next 
 torch thread by default (``--threads``): that is how scripts/compare_policies.py runs its jobs,
 and a single thread is far less disturbed by other processes than two threads on two cores.
 
-``--compiled-quantizers`` sets ``precision.compile_quantizers=true`` (torch.compile'd
-quantizers, the same numerics) for training and SNIP statistics. The JSON records it.
+The quantizers run as ``--config`` says (``tiny.toml``: compiled); ``--compiled-quantizers`` /
+``--no-compiled-quantizers`` override ``precision.compile_quantizers`` for training and SNIP
+statistics (same numerics either way). The JSON records which. Like the training entry point,
+the process fixes glibc's malloc thresholds (``gemm.tune_cpu_malloc``).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ sys.path.insert(0, str(REPO))
 import torch
 
 from megatron_snip.config import Config, load_config
+from megatron_snip.precision.gemm import tune_cpu_malloc
 from megatron_snip.precision.plan import PrecisionPlan
 
 EMULATED = ("fp8", "nvfp4", "mxfp4")
@@ -192,8 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--formats", default=",".join(EMULATED), help="formats for (b), comma-separated")
     ap.add_argument("--ilp-layers", default="8,16,32,80")
     ap.add_argument("--ilp-repeats", type=int, default=1)
-    ap.add_argument("--compiled-quantizers", action="store_true",
-                    help="run the quantizers through torch.compile (precision.compile_quantizers=true)")
+    ap.add_argument("--compiled-quantizers", action=argparse.BooleanOptionalAction, default=None,
+                    help="force precision.compile_quantizers on (or off with --no-compiled-quantizers); "
+                         "default: what --config says")
     ap.add_argument("--skip-replan", action="store_true")
     ap.add_argument("--skip-emulation", action="store_true")
     ap.add_argument("--skip-ilp", action="store_true")
@@ -203,9 +207,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --reps={args.reps} and --threads={args.threads} must be >= 1", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
+    tune_cpu_malloc()  # as the training entry point does for the emulated backend
     run_dir = tempfile.mkdtemp(prefix="bench_overheads_")
     try:
-        compiled = [f"precision.compile_quantizers={str(args.compiled_quantizers).lower()}"]
+        compiled = ([] if args.compiled_quantizers is None
+                    else [f"precision.compile_quantizers={str(args.compiled_quantizers).lower()}"])
         cfg = load_config(args.config, [*args.overrides, *compiled, "snip.enabled=true", "precision.initial_plan=bf16",
                                         "training.progress=false", f"training.run_dir={json.dumps(run_dir)}"])
         formats = tuple(f for f in args.formats.split(",") if f)
@@ -214,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     t = cfg.training
     result: dict[str, Any] = {
-        "compiled_quantizers": args.compiled_quantizers,
+        "compiled_quantizers": cfg.precision.compile_quantizers,
         "command": shlex.join(["python", "scripts/bench_overheads.py", *(sys.argv[1:] if argv is None else argv)]),
         "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
                     "torch": torch.__version__, "load_avg_at_start": list(os.getloadavg())},

@@ -1,7 +1,7 @@
 """SNIP overheads: one re-plan (statistics + metrics + solve) on `tiny` as a multiple of one
 training step, and CP-SAT solve time up to the 70B shape (80 blocks x 4 linears x 3 GEMMs).
 
-    python scripts/bench_snip.py [--reps 3] [--threads 1] [--compiled-quantizers]
+    python scripts/bench_snip.py [--reps 3] [--threads 1] [--no-compiled-quantizers]
 
 A thin front for scripts/bench_overheads.py (its parts (a) and (c)); writes docs/overheads_snip.json.
 """
