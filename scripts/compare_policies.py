@@ -8,8 +8,8 @@ Protocol (every option below has a default; ``--dry-list`` prints the resolved p
 
 * **Model and tokens** (default): tiny.toml with 8 blocks, d=128, ffn 384 (1.66M parameters),
   8 x 128-token sequences per step, 500 steps = 0.51M tokens per run; 3 seeds; 54 runs.
-  Measured on 2 CPU cores with two 1-thread jobs: ~75 min if the quantizers run compiled
-  (torch.compile), ~200 min with the eager quantizers. ``--dry-list`` estimates it.
+  Measured on 2 CPU cores with two 1-thread jobs and compiled quantizers (tiny.toml's default):
+  70 min wall for all 54 runs; with eager quantizers about 3x longer. ``--dry-list`` estimates it.
 * **Policies** (``snip/policies.py``): ``bf16``, ``uniform:fp8``, ``uniform:nvfp4``,
   ``uniform:mxfp4`` - these do not depend on the candidate formats and run once per seed - and
   ``bf16_ends``, ``layer_type``, ``min_rel_err``, ``random``, ``snip``, which run once per
@@ -455,10 +455,10 @@ class CostModel:
 
     step_s: float
     startup_s: float = 10.0
-    # Measured for the default protocol's model, one thread, eager quantizers (what the model runs
-    # today): scripts/bench_overheads.py --set <DEFAULT_SETS> with OMP_NUM_THREADS=1.
-    emulation: Mapping[str, float] = field(default_factory=lambda: {"bf16": 1.0, "fp8": 3.5, "nvfp4": 7.6, "mxfp4": 3.5})
-    replan_steps: float = 40.0  # one statistics re-plan, in BF16 training steps (same measurement)
+    # Measured in the default comparison (docs/results.md, compiled quantizers, two 1-thread jobs on
+    # 2 cores): mean train seconds of the uniform runs over the BF16 runs' 95 s, and ~6 s per re-plan.
+    emulation: Mapping[str, float] = field(default_factory=lambda: {"bf16": 1.0, "fp8": 1.30, "nvfp4": 1.64, "mxfp4": 1.41})
+    replan_steps: float = 32.0  # one statistics re-plan, in BF16 training steps (same measurement)
     eval_step_fraction: float = 0.33  # one eval micro-batch forward, in training steps
 
     def run_s(self, spec: RunSpec, p: Protocol) -> float:
@@ -504,7 +504,8 @@ def dry_list(specs: Sequence[RunSpec], p: Protocol, cost: CostModel, jobs: int, 
     lines.append(f"{len(specs)} runs; estimated {total / 60 / max(1, jobs):.0f} min in all, "
                  f"{todo_s / 60 / max(1, jobs):.0f} min still to run, with {jobs} job(s) at a time "
                  f"(BF16 step {cost.step_s:.3f} s per job, emulation factors {dict(cost.emulation)}, "
-                 f"re-plan = {cost.replan_steps:.0f} steps; default factors: eager quantizers, measured; "
+                 f"re-plan = {cost.replan_steps:.0f} steps; default factors: measured in the default comparison, "
+                 f"compiled quantizers; "
                  f"pass --overheads <bench_overheads.py JSON> for others)")
     return "\n".join(lines)
 
