@@ -45,8 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: --formats {list(unknown)} were not measured in this snapshot ({snapshot['formats']})", file=sys.stderr)
         return 2
-    costs = (snip_costs(snapshot, args.weight_divergence_weight) if args.policy == "snip"
-             else relative_error_costs(snapshot))
+    try:
+        costs = (snip_costs(snapshot, args.weight_divergence_weight) if args.policy == "snip"
+                 else relative_error_costs(snapshot))
+    except ValueError as e:  # e.g. a min_rel_err snapshot (no noise passes) asked for a snip plan
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     costs = {g: {f: c[f] for f in formats} for g, c in costs.items()}
     linears = snapshot["linears"].values()
     num_layers = 1 + max(s["layer"] for s in linears)

@@ -96,7 +96,9 @@ class SnipController:
         t0 = time.perf_counter()
         snapshot = None
         if self.needs_stats():
-            local = self.collector.collect(trainer, self.probe_batches(trainer, step), step)
+            # The local-error baseline needs only the measured errors, not curvature or propagation.
+            local = self.collector.collect(trainer, self.probe_batches(trainer, step), step,
+                                           noise_passes=self.spec.name == "snip")
             snapshot = reduce_snapshot(local, topo)
             timings.update({f"stats_{k}": v for k, v in local["timings"].items()})
             timings["stats_s"] = time.perf_counter() - t0

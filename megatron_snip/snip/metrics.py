@@ -81,6 +81,10 @@ def _normalizer(values: dict[str, dict[str, float]]) -> float:
 
 def snip_costs(snapshot: Mapping[str, Any], weight_divergence_weight: float = 1.0) -> dict[GemmId, dict[str, float]]:
     """Normalized cost of each GEMM in each format, for the ILP."""
+    if not snapshot.get("noise_passes", True):
+        raise ValueError(f"the statistics snapshot of step {snapshot.get('step')} was collected without the noise "
+                         f"passes (as for policy min_rel_err), so it has no curvature or propagation gains; SNIP's "
+                         f"divergences need them: use a snapshot from a run with snip.policy=snip")
     div = linear_divergences(snapshot)
     loss = {k: {f: d.loss for f, d in v.items()} for k, v in div.items()}
     weight = {k: {f: d.weight for f, d in v.items()} for k, v in div.items()}

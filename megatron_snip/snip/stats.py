@@ -135,8 +135,14 @@ class StatsCollector:
                 lin.probe = None
 
     # --- the passes ------------------------------------------------------------------------
-    def collect(self, trainer: Any, probe_batches: list[torch.Tensor], step: int) -> dict[str, Any]:
-        """Statistics of ``trainer.model`` on ``probe_batches`` (each (B, S+1) tokens)."""
+    def collect(self, trainer: Any, probe_batches: list[torch.Tensor], step: int, *,
+                noise_passes: bool = True) -> dict[str, Any]:
+        """Statistics of ``trainer.model`` on ``probe_batches`` (each (B, S+1) tokens).
+
+        ``noise_passes=False`` runs only pass 1 (norms and measured errors: all the local-error
+        baseline ``min_rel_err`` needs, ~2/5 of the cost); the snapshot then has no curvature or
+        propagation and says so in ``"noise_passes"`` (``metrics.snip_costs`` refuses it).
+        """
         model, optimizer = trainer.model, trainer.optimizer
         linears = list(model.precision_linears())
         keys = [key_of(lin) for lin in linears]
@@ -181,6 +187,29 @@ class StatsCollector:
             _add_adam_norms(optimizer, lin.weight, s)
         optimizer.zero_grad(set_to_none=True)
 
+        propagation: dict[str, dict[str, float]] = {}
+        if noise_passes:
+            propagation = self._noise_passes(trainer, linears, keys, probe_batches, output_shapes, denominators,
+                                             sums, gen, timings)
+        return {
+            "step": step,
+            "formats": list(self.cfg.formats),
+            "num_probe_batches": n,
+            "probe_loss_sum": sum(losses),
+            "total_sq_update": total_sq_update,
+            "replicas": 1,
+            "noise_passes": noise_passes,
+            "linears": sums,
+            "propagation": propagation,
+            "timings": timings,
+        }
+
+    def _noise_passes(self, trainer: Any, linears: list[PrecisionLinear], keys: list[str],
+                      probe_batches: list[torch.Tensor], output_shapes: list[dict[str, torch.Size]],
+                      denominators: dict[int, torch.Tensor], sums: dict[str, dict[str, Any]],
+                      gen: torch.Generator, timings: dict[str, float]) -> dict[str, dict[str, float]]:
+        """Passes 2 and 3: curvature sums into ``sums``; returns the propagation gains."""
+        optimizer = trainer.optimizer
         # Pass 2: antithetic forward noise -> curvature along Y.
         t0 = time.perf_counter()
         harshest = self._harshest(sums)
@@ -211,18 +240,7 @@ class StatsCollector:
         propagation = self._propagation_pass(trainer, linears, keys, probe_batches[0], denominators, sums, gen, harshest)
         optimizer.zero_grad(set_to_none=True)
         timings["backward_noise_pass_s"] = time.perf_counter() - t0
-
-        return {
-            "step": step,
-            "formats": list(self.cfg.formats),
-            "num_probe_batches": n,
-            "probe_loss_sum": sum(losses),
-            "total_sq_update": total_sq_update,
-            "replicas": 1,
-            "linears": sums,
-            "propagation": propagation,
-            "timings": timings,
-        }
+        return propagation
 
     def _measure_errors(self, lin: PrecisionLinear, rec: _Record, s: dict[str, Any],
                         edw_acc: dict[str, torch.Tensor], gen: torch.Generator, *, first_batch: bool) -> None:

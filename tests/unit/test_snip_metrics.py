@@ -145,3 +145,22 @@ def test_normalized_costs_and_baseline_costs():
     assert all(c["bf16"] == 0.0 and c["nvfp4"] > c["fp8"] > 0 for c in rel.values())
     assert snap["linears"]["0.fc1"]["per_format"]["nvfp4"]["sq_qerr_w"] > 0
 
+
+
+def test_errors_only_collection_matches_the_full_one_and_is_refused_by_snip():
+    """min_rel_err's statistics (pass 1 only) equal the full collection's errors; snip refuses them."""
+    tr = QuadraticTrainer(two=True)
+    tr.set_adam_state(0.01)
+    batches = [torch.randn(T, K), torch.randn(T, K)]
+    collector = StatsCollector(ProbeConfig(formats=("fp8", "nvfp4"), noise_draws=1, seed=0))
+    full = collector.collect(tr, batches, step=1)
+    errors_only = collector.collect(tr, batches, step=1, noise_passes=False)
+    assert full["noise_passes"] and not errors_only["noise_passes"]
+    assert errors_only["propagation"] == {}
+    assert set(errors_only["timings"]) == {"reference_pass_s"}
+    assert relative_error_costs(errors_only) == relative_error_costs(full)
+    for key, s in errors_only["linears"].items():
+        assert s["curv_den"] == 0.0 and full["linears"][key]["curv_den"] > 0
+        assert s["per_format"] == full["linears"][key]["per_format"]
+    with pytest.raises(ValueError, match="without the noise passes"):
+        snip_costs(errors_only)
