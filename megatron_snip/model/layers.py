@@ -211,7 +211,39 @@ class RowParallelLinear(PrecisionLinear):
 
 
 # --- vocabulary-parallel embedding, LM head and loss --------------------------------------------------
-class VocabParallelEmbedding(nn.Module):
+class _VocabShardedWeight(nn.Module):
+    """A (V/tp, D) weight holding rows [rank·V/tp, (rank+1)·V/tp) of a full (V, D) N(0, std²) matrix.
+
+    Shared by the embedding and the LM head: the same vocabulary split, initialisation (each
+    rank draws the full matrix from ``init_generator`` and keeps its slice, so TP=1 and TP=n
+    models start identical) and TP marking.
+    """
+
+    def __init__(self, vocab_size: int, dim: int, *, init_std: float, tp: TensorParallel,
+                 init_generator: torch.Generator | None) -> None:
+        super().__init__()
+        if vocab_size % tp.size:
+            raise ValueError(f"vocabulary size {vocab_size} is not divisible by parallel.tp={tp.size}; set "
+                             f"model.vocab_size to a multiple of {64 * tp.size} (or 0 to pad the tokenizer's)")
+        self.tp, self.vocab_size, self.dim = tp, vocab_size, dim
+        self.per_rank = vocab_size // tp.size
+        self.vocab_start = tp.rank * self.per_rank
+        self.weight = nn.Parameter(torch.empty(self.per_rank, dim))
+        _mark(self.weight, tensor_parallel=tp.size > 1)
+        self.init_std = init_std
+        self.reset_parameters(init_generator)
+
+    def shard(self, full: torch.Tensor) -> torch.Tensor:
+        return full if self.tp.size == 1 else shard_tensor(full, 0, self.tp.size, self.tp.rank)
+
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        _init_normal(self.weight, (self.vocab_size, self.dim), self.init_std, generator, self.shard)
+
+    def extra_repr(self) -> str:
+        return f"{self.vocab_size}x{self.dim}, local rows {self.vocab_start}..{self.vocab_start + self.per_rank}"
+
+
+class VocabParallelEmbedding(_VocabShardedWeight):
     """Token embedding with the vocabulary (rows) sharded over TP: ids (B, S) -> (B, S, D).
 
     Each rank looks up the ids in its range [rank·V/tp, (rank+1)·V/tp), zeroes the others and
@@ -221,24 +253,7 @@ class VocabParallelEmbedding(nn.Module):
 
     def __init__(self, num_embeddings: int, embedding_dim: int, *, init_std: float, tp: TensorParallel = UNSHARDED,
                  init_generator: torch.Generator | None = None) -> None:
-        super().__init__()
-        if num_embeddings % tp.size:
-            raise ValueError(f"vocabulary size {num_embeddings} is not divisible by parallel.tp={tp.size}; set "
-                             f"model.vocab_size to a multiple of {64 * tp.size} (or 0 to pad the tokenizer's)")
-        self.tp = tp
-        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        self.per_rank = num_embeddings // tp.size
-        self.vocab_start = tp.rank * self.per_rank
-        self.weight = nn.Parameter(torch.empty(self.per_rank, embedding_dim))
-        _mark(self.weight, tensor_parallel=tp.size > 1)
-        self.init_std = init_std
-        self.reset_parameters(init_generator)
-
-    def shard(self, full: torch.Tensor) -> torch.Tensor:
-        return full if self.tp.size == 1 else shard_tensor(full, 0, self.tp.size, self.tp.rank)
-
-    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
-        _init_normal(self.weight, (self.num_embeddings, self.embedding_dim), self.init_std, generator, self.shard)
+        super().__init__(num_embeddings, embedding_dim, init_std=init_std, tp=tp, init_generator=init_generator)
 
     def forward(self, ids_bs: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
@@ -250,11 +265,8 @@ class VocabParallelEmbedding(nn.Module):
             return comm.reduce_scatter_to_sp(h, self.tp.group)
         return comm.reduce_from_tp(h, self.tp.group)
 
-    def extra_repr(self) -> str:
-        return f"{self.num_embeddings}x{self.embedding_dim}, local rows {self.vocab_start}..{self.vocab_start + self.per_rank}"
 
-
-class ParallelLMHead(nn.Module):
+class ParallelLMHead(_VocabShardedWeight):
     """Column-parallel LM head in the training dtype: h (B, S, D) -> local logits (B, S, V/tp).
 
     Input comm as ``ColumnParallelLinear`` (copy_to_tp, or gather_from_sp under sequence
@@ -263,21 +275,7 @@ class ParallelLMHead(nn.Module):
 
     def __init__(self, hidden_size: int, vocab_size: int, *, init_std: float, tp: TensorParallel = UNSHARDED,
                  init_generator: torch.Generator | None = None) -> None:
-        super().__init__()
-        if vocab_size % tp.size:
-            raise ValueError(f"vocabulary size {vocab_size} is not divisible by parallel.tp={tp.size}; set "
-                             f"model.vocab_size to a multiple of {64 * tp.size} (or 0 to pad the tokenizer's)")
-        self.tp, self.hidden_size, self.vocab_size = tp, hidden_size, vocab_size
-        self.weight = nn.Parameter(torch.empty(vocab_size // tp.size, hidden_size))
-        _mark(self.weight, tensor_parallel=tp.size > 1)
-        self.init_std = init_std
-        self.reset_parameters(init_generator)
-
-    def shard(self, full: torch.Tensor) -> torch.Tensor:
-        return full if self.tp.size == 1 else shard_tensor(full, 0, self.tp.size, self.tp.rank)
-
-    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
-        _init_normal(self.weight, (self.vocab_size, self.hidden_size), self.init_std, generator, self.shard)
+        super().__init__(vocab_size, hidden_size, init_std=init_std, tp=tp, init_generator=init_generator)
 
     def forward(self, h_bsd: torch.Tensor) -> torch.Tensor:
         if self.tp.sequence_parallel:

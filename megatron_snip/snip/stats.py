@@ -157,13 +157,13 @@ class StatsCollector:
         t0 = time.perf_counter()
         losses = []
         output_shapes: list[dict[str, torch.Size]] = []  # per probe batch: each linear's Y shape
-        for tokens in probe_batches:
+        for b, tokens in enumerate(probe_batches):
             records = {k: _Record() for k in keys}
             with self._probes(linears, "record", records, gen):
                 losses.append(float(trainer.forward_backward([tokens])))
             output_shapes.append({k: records[k].g.shape for k in keys})
             for k, lin in zip(keys, linears):
-                self._measure_errors(lin, records[k], sums[k], edw_acc[k], gen, first_batch=not output_shapes[:-1])
+                self._measure_errors(lin, records[k], sums[k], edw_acc[k], gen, first_batch=b == 0)
         grads = {id(p): p.grad.detach() / n for p in model.parameters() if p.grad is not None}
         timings["reference_pass_s"] = time.perf_counter() - t0
 
