@@ -111,6 +111,10 @@ class StatsCollector:
         noise injection the record asks for)."""
         def make(rec: _Record):
             def probe(module: PrecisionLinear, x: torch.Tensor) -> torch.Tensor:
+                if mode == "noise" and not x.requires_grad and torch.is_grad_enabled():
+                    # Nothing upstream needs a gradient (e.g. a first layer whose weights are
+                    # frozen for the noise pass): no graph to cut, so make X a leaf to keep G flowing.
+                    x = x.detach().requires_grad_()
                 if rec.grad_noise_sigma > 0 and x.requires_grad:
                     eps = torch.randn(x.shape, generator=gen, device=x.device) * rec.grad_noise_sigma
                     rec.grad_noise_sq += float(eps.pow(2).sum())
@@ -224,7 +228,8 @@ class StatsCollector:
                 g_pm = []
                 for sign in (1.0, -1.0):
                     records = {k: _Record(noise=noise[k] * sign) for k in keys}
-                    with self._probes(linears, "noise", records, gen):
+                    # Only G = dL/dY is needed here: frozen linear weights skip their wgrad GEMMs.
+                    with self._probes(linears, "noise", records, gen), _frozen_weights(linears):
                         trainer.forward_backward([tokens])
                     g_pm.append({k: records[k].g for k in keys})
                     optimizer.zero_grad(set_to_none=True)
@@ -364,6 +369,19 @@ def _add_adam_norms(optimizer: torch.optim.Optimizer, param: torch.Tensor, s: di
     if "exp_avg" in state:
         s["sq_m"] = float(state["exp_avg"].pow(2).sum())
         s["sq_v"] = float(state["exp_avg_sq"].pow(2).sum())
+
+
+@contextlib.contextmanager
+def _frozen_weights(linears: list[PrecisionLinear]) -> Iterator[None]:
+    """Linear weights with requires_grad off (autograd then skips their wgrad GEMMs), restored after."""
+    flags = [lin.weight.requires_grad for lin in linears]
+    for lin in linears:
+        lin.weight.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for lin, flag in zip(linears, flags):
+            lin.weight.requires_grad_(flag)
 
 
 def _input_replicated_over_tp(lin: PrecisionLinear) -> bool:

@@ -156,6 +156,7 @@ def test_errors_only_collection_matches_the_full_one_and_is_refused_by_snip():
     full = collector.collect(tr, batches, step=1)
     errors_only = collector.collect(tr, batches, step=1, noise_passes=False)
     assert full["noise_passes"] and not errors_only["noise_passes"]
+    assert all(p.requires_grad for p in tr.model.parameters())  # the noise pass's frozen weights are restored
     assert errors_only["propagation"] == {}
     assert set(errors_only["timings"]) == {"reference_pass_s"}
     assert relative_error_costs(errors_only) == relative_error_costs(full)
