@@ -66,6 +66,7 @@ from megatron_snip.config import load_config, parse_override
 from megatron_snip.data.pipeline import corpus_name
 from megatron_snip.precision.formats import FORMATS, FP4_FORMATS
 from megatron_snip.snip.policies import parse_policy
+from plot_run import load_run  # scripts/plot_run.py: the metrics.jsonl reader
 
 FORMAT_FREE_POLICIES = ("bf16", "uniform:fp8", "uniform:nvfp4", "uniform:mxfp4")
 FORMAT_POLICIES = ("bf16_ends", "layer_type", "min_rel_err", "random", "snip")
@@ -335,39 +336,32 @@ def best_static_baseline(results: Iterable[dict], formats: tuple[str, ...], rho:
 # Running one training subprocess
 # ======================================================================================
 def parse_run_dir(run_dir: Path) -> dict:
-    """Final validation losses, FP4 shares and timings from a finished run's ``metrics.jsonl``.
+    """Final validation losses, FP4 shares and timings from a finished run's ``metrics.jsonl``
+    (read by ``plot_run.load_run``).
 
     train_s sums the per-step ``step_time_s`` (logged every step with ``log_interval=1``);
     replan_s sums the controller's ``replan_replan_total_s`` (statistics + metrics + solve + apply).
     """
-    recs = []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        try:
-            recs.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    last_step = max((r["step"] for r in recs), default=0)
+    series = load_run(run_dir).series
+
+    def values(key: str) -> list[float]:
+        return series.get(key, ([], []))[1]
+
     final = {}
-    for r in recs:  # the latest evaluation wins (it is at last_step when the run finished)
-        final.update({k: float(v) for k, v in r.items() if k.startswith("val_loss") and _finite(v)})
-    step_times = [float(r["step_time_s"]) for r in recs if "step_time_s" in r]
-    shares = [float(r["fp4_share"]) for r in recs if "fp4_share" in r]
-    replan = [float(r["replan_replan_total_s"]) for r in recs if "replan_replan_total_s" in r]
-    out = {"final": final, "last_step": last_step, "train_s": sum(step_times), "replan_s": sum(replan),
-           "replans": len(replan), "fp4_share": shares[-1] if shares else None,
+    for key in series:  # the latest finite evaluation (at the last step when the run finished)
+        finite = [v for v in values(key) if math.isfinite(v)]
+        if key.startswith("val_loss") and finite:
+            final[key] = finite[-1]
+    shares, replan = values("fp4_share"), values("replan_replan_total_s")
+    out = {"final": final, "last_step": max((steps[-1] for steps, _ in series.values() if steps), default=0),
+           "train_s": sum(values("step_time_s")), "replan_s": sum(replan), "replans": len(replan),
+           "fp4_share": shares[-1] if shares else None,
            "fp4_share_mean": float(np.mean(shares)) if shares else None,
-           "skipped_steps": max((int(r.get("skipped_steps", 0)) for r in recs), default=0)}
+           "skipped_steps": int(max(values("skipped_steps"), default=0))}
     plans = sorted((run_dir / "plans").glob("step_*[0-9].json")) if (run_dir / "plans").is_dir() else []
     if plans:
         out["final_plan"] = str(plans[-1].relative_to(run_dir))
     return out
-
-
-def _finite(v) -> bool:
-    try:
-        return math.isfinite(float(v))
-    except (TypeError, ValueError):
-        return False
 
 
 def train_command(p: Protocol, overrides: Sequence[str]) -> list[str]:
@@ -406,7 +400,10 @@ def execute(spec: RunSpec, p: Protocol, out_dir: Path, *, threads: int, timeout_
     m = re.search(r"model: ([0-9.]+)M parameters", log_text)
     rec["params_m"] = float(m.group(1)) if m else None
     if (run_dir / "metrics.jsonl").is_file():
-        rec.update(parse_run_dir(run_dir))
+        try:
+            rec.update(parse_run_dir(run_dir))
+        except ValueError as e:  # a corrupt metrics.jsonl: the run counts as failed, the driver goes on
+            status, rec["parse_error"] = "failed", str(e)
     if status == "ok" and rec.get("last_step") != p.steps:
         status = "failed"  # exited 0 without reaching max_steps: not a result
     rec["status"] = status
@@ -656,7 +653,6 @@ def plot_curves(results: Sequence[dict], p: Protocol, formats: tuple[str, ...], 
     the top row's curves mostly overlap). Format-free policies appear in every figure (of the
     uniform FP4 ones only this set's format)."""
     import matplotlib
-    from plot_run import load_run  # scripts/plot_run.py
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
