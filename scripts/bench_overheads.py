@@ -12,9 +12,9 @@
     configured ``snip.interval``, as a share of training time:
     replan / (interval x planned step + replan).
 (b) Emulation overhead: one training step with every GEMM in format f (uniform plan) against
-    one all-BF16 step, alternated step by step on the same trainer so both see the same
-    machine load; median ratio per format. A format that cannot run (e.g. not implemented)
-    is recorded with its error.
+    one all-BF16 step on the same trainer - scripts/bench_quant.py's measurement (rotating
+    rounds of BF16 + every format, median of the per-round ratios), ``--reps`` rounds. A
+    format that cannot run (e.g. not implemented) is recorded with its error.
 (c) CP-SAT solve time vs problem size: the 70B-shaped instances of scripts/bench_ilp.py
     (its ``make_costs`` and formats), 8 to 80 layers, both granularities.
 
@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))  # bench_ilp; scripts/ is not a package
+sys.path.insert(0, str(REPO / "scripts"))  # bench_ilp, bench_quant; scripts/ is not a package
 sys.path.insert(0, str(REPO))
 
 import torch
@@ -123,35 +123,29 @@ def measure_replan(trainer, reps: int, warm_steps: int) -> dict[str, Any]:
 
 
 def measure_emulation(trainer, formats: tuple[str, ...], reps: int) -> dict[str, Any]:
-    """(b): per format, median step time with every GEMM in it vs interleaved BF16 steps."""
-    bf16 = bf16_plan(trainer)
+    """(b): per format, a step with every GEMM in it vs a BF16 step - ``bench_quant.measure_steps``
+    (rotating rounds, median of per-round ratios), so both scripts report the same measurement.
+    A format the backend cannot run on this model is reported with its error and skipped."""
+    import bench_quant
+
+    stepper = bench_quant.Stepper(trainer)
     out: dict[str, Any] = {"formats": {}}
-    step = 10_000  # data position is irrelevant to the timing; keep clear of (a)'s steps
-    all_bf16: list[float] = []
+    runnable = []
     for fmt in formats:
-        plan = PrecisionPlan.uniform(fmt, trainer.cfg.model.num_layers, trainer.linear_numel, policy=f"uniform:{fmt}")
         try:
-            plan.validate(trainer.all_gemm_ids)
-            trainer.apply_plan(plan, record=False)
-            trainer.train_step(step)  # untimed: compilation / first use
+            bench_quant.uniform_plan(trainer, fmt).validate(trainer.all_gemm_ids)
+            stepper(fmt)  # untimed: compilation / first use
+            runnable.append(fmt)
         except (NotImplementedError, ValueError) as e:
             out["formats"][fmt] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
-            trainer.apply_plan(bf16, record=False)
-            continue
-        ts_f, ts_b = [], []
-        for _ in range(reps):
-            trainer.apply_plan(bf16, record=False)
-            ts_b.append(_timed(trainer.train_step, step))
-            trainer.apply_plan(plan, record=False)
-            ts_f.append(_timed(trainer.train_step, step))
-            step += 1
-        trainer.apply_plan(bf16, record=False)
-        all_bf16 += ts_b
-        out["formats"][fmt] = {"step_s": statistics.median(ts_f), "step_min_s": min(ts_f),
-                               "bf16_step_s": statistics.median(ts_b),
-                               "ratio": statistics.median(ts_f) / statistics.median(ts_b), "reps": reps}
-    if all_bf16:
-        out["bf16_step_s"] = statistics.median(all_bf16)
+    stepper("bf16")  # untimed, as each format's first step
+    res = bench_quant.measure_steps(stepper, runnable, warmup=0, rounds=reps)
+    for fmt in runnable:
+        v = res[fmt]
+        out["formats"][fmt] = {"step_s": v["wall_s"], "step_min_s": v["wall_min_s"], "bf16_step_s": res["bf16"]["wall_s"],
+                               "ratio": v["ratio_wall"], "reps": reps}
+    out["bf16_step_s"] = res["bf16"]["wall_s"]
+    trainer.apply_plan(bf16_plan(trainer), record=False)
     return out
 
 

@@ -70,7 +70,7 @@ def uniform_plan(trainer, fmt: str) -> PrecisionPlan:
     return PrecisionPlan.uniform(fmt, trainer.cfg.model.num_layers, trainer.linear_numel)
 
 
-class _Stepper:
+class Stepper:
     """Runs training steps in a chosen uniform plan; consecutive data positions."""
 
     def __init__(self, trainer) -> None:
@@ -90,7 +90,7 @@ class _Stepper:
         return times
 
 
-def measure_steps(stepper: _Stepper, formats: list[str], warmup: int, rounds: int) -> dict:
+def measure_steps(stepper: Stepper, formats: list[str], warmup: int, rounds: int) -> dict:
     """(1): warm-up per format, then ``rounds`` rotating rounds of BF16 + every format."""
     names = ["bf16", *formats]
     warm = {f: [stepper(f)[0] for _ in range(warmup)] for f in names}
@@ -125,7 +125,7 @@ def print_steps(res: dict, threads: int, mode: str) -> None:
               f"{v['ratio_cpu']:9.2f}x {warm:>20s} {v['warmup_extra_s']:16.1f}")
 
 
-def profile_step(stepper: _Stepper, fmt: str, steps: int, top: int) -> None:
+def profile_step(stepper: Stepper, fmt: str, steps: int, top: int) -> None:
     """(2): time inside quantize() and the top profiler ops of ``steps`` steps in ``fmt``."""
     real_quantize = gemm_module.quantize
     spent = [0.0, 0]
@@ -177,7 +177,7 @@ _ELEMENTWISE = {"mul", "add", "sub", "div", "where", "abs", "amax", "clamp", "co
                 "silu", "silu_backward", "addcdiv", "addcmul", "lerp", "sign", "mul_"}
 
 
-def _profile_groups(stepper: _Stepper, fmt: str, steps: int):
+def _profile_groups(stepper: Stepper, fmt: str, steps: int):
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        stepper = _Stepper(trainer)
+        stepper = Stepper(trainer)
         res = measure_steps(stepper, formats, args.warmup, args.steps)
         print_steps(res, args.threads, mode_name)
         if stepper.skipped:
