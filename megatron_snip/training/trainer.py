@@ -135,7 +135,6 @@ class Trainer:
         # state restores every replica exactly.
         self.quant_generator = torch.Generator(device=self.device).manual_seed(t.seed + 1)
         self.model.set_quant_generator(self.quant_generator)
-        self.model.set_backend(self._build_backend())
         self.linear_numel = linear_numel(model_linear_shapes(cfg.model))
 
         self.step = 0  # optimizer steps completed
@@ -146,6 +145,7 @@ class Trainer:
         # Plans name every GEMM of the model; each pipeline stage applies the entries of its own layers.
         self.all_gemm_ids = all_gemm_ids(cfg.model.num_layers)
         self.plan: PrecisionPlan = resolve_initial_plan(cfg, self.all_gemm_ids, self.linear_numel)
+        self.model.set_backend(self._build_backend(self.plan))
 
         # Optional W&B mirror of metrics.jsonl and of every plan (rank 0 only; None otherwise).
         self.wandb = WandbSink.from_config(cfg, self.run_dir, is_writer=self.is_writer) if logger is None else None
@@ -158,14 +158,15 @@ class Trainer:
             self.load_latest()
         self.apply_plan(self.plan, record=not t.resume)
 
-    def _build_backend(self) -> Backend:
+    def _build_backend(self, initial_plan: PrecisionPlan) -> Backend:
         """The GEMM backend ``precision.backend`` names, refused at start-up (with the reason and
-        the fix) if it cannot run the initial plan's or SNIP's candidate formats on this device."""
+        the fix) if it cannot run the initial plan's formats (whatever form ``precision.initial_plan``
+        took) or SNIP's candidate formats on this device."""
         p = self.cfg.precision
-        formats = set(self.cfg.snip.formats) if self.cfg.snip.enabled else set()
-        if p.initial_plan.startswith("uniform:"):
-            formats.add(p.initial_plan.split(":", 1)[1])
-        require(p.backend, formats | {"bf16"}, self.device)
+        formats = {f for _, f in initial_plan.entries} | {"bf16"}
+        if self.cfg.snip.enabled:
+            formats |= set(self.cfg.snip.formats)
+        require(p.backend, formats, self.device)
         if p.backend == "te":
             return get_backend("te", amax_group=self.topo.tp_group)
         return get_backend("emulated", compiled=p.compile_quantizers)

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from megatron_snip.config import TrainingConfig, load_config
+from megatron_snip.precision.plan import PrecisionPlan
+from megatron_snip.snip.costs import linear_numel, model_linear_shapes
 from megatron_snip.training import checkpoint as ckpt
 from megatron_snip.training.lr import lr_at
 from megatron_snip.training.trainer import Trainer, TrainingStopped
@@ -122,5 +124,16 @@ def test_lr_schedules(schedule):
 
 def test_backend_that_cannot_run_the_formats_is_refused_at_start_up(small_overrides):
     cfg = load_config(TINY, small_overrides + ["precision.backend=te", "precision.initial_plan=uniform:nvfp4"])
+    with pytest.raises(ValueError, match=r"precision.backend='te' cannot run .*nvfp4.*emulated"):
+        Trainer(cfg)
+
+
+def test_backend_check_covers_a_plan_file(small_overrides, tmp_path):
+    # The start-up check reads the resolved initial plan, so a plan JSON is checked like uniform:<f>.
+    cfg = load_config(TINY, small_overrides)
+    plan = PrecisionPlan.uniform("nvfp4", cfg.model.num_layers, linear_numel(model_linear_shapes(cfg.model)))
+    path = tmp_path / "plan.json"
+    path.write_text(plan.to_json())
+    cfg = load_config(TINY, small_overrides + ["precision.backend=te", f"precision.initial_plan={path}"])
     with pytest.raises(ValueError, match=r"precision.backend='te' cannot run .*nvfp4.*emulated"):
         Trainer(cfg)
