@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # Predictions, exactly as the controller computes them.
     t0 = time.perf_counter()
-    collector = StatsCollector(ProbeConfig(formats=formats, noise_draws=args.noise_draws, seed=cfg.snip.seed))
+    collector = StatsCollector(ProbeConfig(formats=formats, noise_draws=args.noise_draws, seed=cfg.snip.seed,
+                                           compiled_quantizers=cfg.precision.compile_quantizers))
     probe = [trainer.data.train.batch(args.steps * t.global_batch_size + i * t.micro_batch_size, t.micro_batch_size).to(device)
              for i in range(args.probe_batches)]
     snapshot = collector.collect(trainer, probe, trainer.step)

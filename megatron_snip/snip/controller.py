@@ -50,7 +50,8 @@ class SnipController:
         self.spec = parse_policy(s.policy)  # ValueError on a bad spec, before training starts
         ilp.check_feasible(s.formats, s.fp4_target)
         self.collector = StatsCollector(ProbeConfig(formats=tuple(s.formats), noise_draws=s.noise_draws,
-                                                   propagation_sequences=s.propagation_sequences, seed=s.seed))
+                                                   propagation_sequences=s.propagation_sequences, seed=s.seed,
+                                                   compiled_quantizers=cfg.precision.compile_quantizers))
         self.plans_dir = Path(cfg.training.run_dir) / "plans"
         self.linear_numel = linear_numel(model_linear_shapes(cfg.model))
         self.replans = 0

@@ -89,6 +89,7 @@ class ProbeConfig:
     noise_draws: int = 2
     propagation_sequences: int = 1  # sequences of the first probe micro-batch used by pass 3
     seed: int = 0
+    compiled_quantizers: bool = False  # precision.compile_quantizers: the operand-error quantizers' mode
 
 
 class StatsCollector:
@@ -272,10 +273,11 @@ class StatsCollector:
                 pf["sq_ey"] += float(e_y.pow(2).sum())
                 pf["sq_edx"] += float(e_dx.pow(2).sum())
                 edw_acc[f] = edw_acc[f] + e_dw if f in edw_acc else e_dw
-                pf["sq_qerr_x"] += operand_error(lin, x, w, f, "x")
-                pf["sq_qerr_g"] += operand_error(lin, g, w, f, "g")
+                compiled = self.cfg.compiled_quantizers
+                pf["sq_qerr_x"] += operand_error(lin, x, w, f, "x", compiled=compiled)
+                pf["sq_qerr_g"] += operand_error(lin, g, w, f, "g", compiled=compiled)
                 if first_batch:  # W is the same for every probe batch
-                    pf["sq_qerr_w"] = operand_error(lin, x, w, f, "w")
+                    pf["sq_qerr_w"] = operand_error(lin, x, w, f, "w", compiled=compiled)
         finally:
             lin.generator = saved_gen
 
@@ -343,13 +345,12 @@ def _functional_gemm(lin: PrecisionLinear, x: torch.Tensor, w: torch.Tensor, pre
     return lin.backend.linear(x, w, precision, amax_reduce=lin.amax_reduce, generator=lin.generator)
 
 
-def operand_error(lin: PrecisionLinear, x_tk: torch.Tensor, w_nk: torch.Tensor, fmt: str, which: str) -> float:
+def operand_error(lin: PrecisionLinear, x_tk: torch.Tensor, w_nk: torch.Tensor, fmt: str, which: str, *,
+                  compiled: bool = False) -> float:
     """‖Q(a) - a‖² of one operand as its GEMM quantizes it (x, w: fprop blocking along K; g: dgrad along N)."""
     if fmt == "bf16":
         return 0.0
     a, op = {"x": (x_tk, Operand.ACTIVATION), "w": (w_nk, Operand.WEIGHT), "g": (x_tk, Operand.GRADIENT)}[which]
-    # Same quantizer mode as the layer's own GEMMs (an eager nvfp4 quantize is ~5x a compiled one).
-    compiled = getattr(lin.backend, "compiled", False)
     q = quantize(a, fmt, op, generator=lin.generator, amax_reduce=lin.amax_reduce, compiled=compiled)
     return float((q - a).pow(2).sum())
 
