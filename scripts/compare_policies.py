@@ -62,11 +62,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))  # plot_run's readers; scripts/ is not a package
 sys.path.insert(0, str(REPO))
 
+from plot_run import load_run  # scripts/plot_run.py: the metrics.jsonl reader
+
 from megatron_snip.config import load_config, parse_override
 from megatron_snip.data.pipeline import corpus_name
 from megatron_snip.precision.formats import FORMATS, FP4_FORMATS
 from megatron_snip.snip.policies import parse_policy
-from plot_run import load_run  # scripts/plot_run.py: the metrics.jsonl reader
 
 FORMAT_FREE_POLICIES = ("bf16", "uniform:fp8", "uniform:nvfp4", "uniform:mxfp4")
 FORMAT_POLICIES = ("bf16_ends", "layer_type", "min_rel_err", "random", "snip")

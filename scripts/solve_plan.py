@@ -18,7 +18,7 @@ from pathlib import Path
 from megatron_snip.precision.plan import LINEARS
 from megatron_snip.snip import ilp
 from megatron_snip.snip.controller import stage_map
-from megatron_snip.snip.metrics import predicted_divergence, relative_error_costs, snip_costs
+from megatron_snip.snip.metrics import policy_costs, predicted_divergence
 from megatron_snip.snip.policies import PlanContext, make_plan
 from megatron_snip.telemetry.plots import plot_pareto, plot_precision_map
 
@@ -46,8 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --formats {list(unknown)} were not measured in this snapshot ({snapshot['formats']})", file=sys.stderr)
         return 2
     try:
-        costs = (snip_costs(snapshot, args.weight_divergence_weight) if args.policy == "snip"
-                 else relative_error_costs(snapshot))
+        costs = policy_costs(args.policy, snapshot, args.weight_divergence_weight)
     except ValueError as e:  # e.g. a min_rel_err snapshot (no noise passes) asked for a snip plan
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -30,7 +30,7 @@ from megatron_snip.precision.plan import PrecisionPlan
 from megatron_snip.snip import ilp
 from megatron_snip.snip.costs import linear_numel, model_linear_shapes
 from megatron_snip.snip.gather import reduce_snapshot
-from megatron_snip.snip.metrics import predicted_divergence, relative_error_costs, snip_costs
+from megatron_snip.snip.metrics import policy_costs, predicted_divergence
 from megatron_snip.snip.policies import PlanContext, SolveTimeoutError, make_plan, parse_policy
 from megatron_snip.snip.stats import ProbeConfig, StatsCollector
 
@@ -92,7 +92,7 @@ class SnipController:
     def replan(self, trainer: Any, step: int) -> PrecisionPlan:
         """Collect (every rank) -> reduce -> metrics + solve (global rank 0) -> broadcast -> apply
         (every rank, same step). Returns the plan in force afterwards."""
-        s, topo = self.cfg.snip, trainer.topo
+        topo = trainer.topo
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
         snapshot = None
@@ -134,8 +134,7 @@ class SnipController:
         t1 = time.perf_counter()
         costs = None
         if snapshot is not None:
-            costs = (snip_costs(snapshot, s.weight_divergence_weight) if self.spec.name == "snip"
-                     else relative_error_costs(snapshot))
+            costs = policy_costs(self.spec.name, snapshot, s.weight_divergence_weight)
         out_timings = {"metrics_s": time.perf_counter() - t1}
         ctx = PlanContext(num_layers=self.cfg.model.num_layers, linear_numel=self.linear_numel, formats=tuple(s.formats),
                           fp4_target=s.fp4_target, granularity=s.granularity, seed=s.seed, step=step,

@@ -19,7 +19,14 @@ from megatron_snip.model.layers import PrecisionLinear
 from megatron_snip.precision.formats import Operand
 from megatron_snip.precision.plan import GemmId, GemmPrecision
 from megatron_snip.precision.quantize import quantize
-from megatron_snip.snip.metrics import curvature, linear_divergences, propagation_gain, relative_error_costs, snip_costs
+from megatron_snip.snip.metrics import (
+    curvature,
+    linear_divergences,
+    policy_costs,
+    propagation_gain,
+    relative_error_costs,
+    snip_costs,
+)
 from megatron_snip.snip.stats import ProbeConfig, StatsCollector
 
 T, K, H, N = 128, 32, 32, 32
@@ -165,3 +172,8 @@ def test_errors_only_collection_matches_the_full_one_and_is_refused_by_snip():
         assert s["per_format"] == full["linears"][key]["per_format"]
     with pytest.raises(ValueError, match="without the noise passes"):
         snip_costs(errors_only)
+    # the controller and the offline planner pick costs by policy through one function
+    assert policy_costs("min_rel_err", errors_only) == relative_error_costs(errors_only)
+    assert policy_costs("snip", full, 2.0) == snip_costs(full, 2.0)
+    with pytest.raises(ValueError, match="takes no costs"):
+        policy_costs("random", full)
