@@ -244,9 +244,10 @@ def config_path(p: Protocol) -> Path:
 
 
 def config_hash(spec: RunSpec, p: Protocol) -> str:
-    """Identity of a run's configuration (config file text + overrides, not the run dir)."""
-    ovs = run_overrides(spec, p, Path("RUN_DIR"))
-    return hashlib.sha256(json.dumps([config_path(p).read_text(), ovs]).encode()).hexdigest()[:16]
+    """Identity of a run's configuration: the resolved config (file + overrides, the run dir
+    left out), so that a changed value makes a recorded run stale but an edited comment does not."""
+    cfg = load_config(config_path(p), run_overrides(spec, p, Path("RUN_DIR")))
+    return hashlib.sha256(cfg.to_toml().encode()).hexdigest()[:16]
 
 
 # ======================================================================================

@@ -109,6 +109,20 @@ def test_best_static_baseline_uses_training_domain_only():
 
 
 # --- resume -------------------------------------------------------------------------------
+def test_config_hash_follows_values_not_comments(tmp_path):
+    """Editing a comment of the config file keeps recorded runs current; changing a value does not."""
+    text = (REPO / "launch/configs/tiny.toml").read_text()
+    assert "lr = 3e-3" in text
+    variants = {"same": text, "comment": "# an edited comment\n" + text.replace("# tiny:", "# tiny (edited):"),
+                "value": text.replace("lr = 3e-3", "lr = 2e-3")}
+    hashes = {}
+    for name, body in variants.items():
+        (tmp_path / f"{name}.toml").write_text(body)
+        p = small_protocol(config=str(tmp_path / f"{name}.toml"))
+        hashes[name] = cp.config_hash(cp.primary_runs(p)[0], p)
+    assert hashes["comment"] == hashes["same"] != hashes["value"]
+
+
 def test_rerun_skips_only_finished_runs_with_the_same_config(tmp_path, monkeypatch):
     p = small_protocol(seeds=(1,), policies=("bf16", "uniform:fp8", "snip", "random"), format_sets=(MX,))
     specs = cp.primary_runs(p)
