@@ -108,7 +108,7 @@ class SnipConfig:
     interval: int = 20  # then every `interval` steps
     probe_batches: int = 2  # micro-batches the statistics are averaged over
     weight_divergence_weight: float = 1.0  # lambda in sum(dL + lambda * dW)
-    noise_draws: int = 2  # antithetic forward-noise pairs per probe batch (curvature)
+    noise_draws: int = 2  # forward-noise passes per probe batch (curvature, one-sided vs the reference pass)
     propagation_sequences: int = 1  # sequences of the first probe batch for the exact dgrad-propagation pass
     solver_max_time: float = 10.0  # CP-SAT max_deterministic_time
     seed: int = 0

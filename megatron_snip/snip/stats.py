@@ -8,14 +8,14 @@ BF16 (the reference trajectory). Three passes (docs/snip.md derives what each fe
    errors of all three GEMMs in every candidate format are *measured* by running
    the real quantized GEMM (``PrecisionLinear.local_gemm``) on the stored tensors:
    e_Y = Q(X)Q(W)ᵀ - XWᵀ, e_dX = Q(G)Q(W) - GW, e_dW = Q(G)ᵀQ(X) - GᵀX.
-2. **Forward-noise pass** - antithetic Gaussian noise ±ε added to every linear's Y
-   at once; the change of G gives the curvature κ ≈ <ε, G(+ε) - G(-ε)> / (2‖ε‖²)
-   (Hutchinson; the cross-terms between layers have zero mean).
+2. **Forward-noise pass** - Gaussian noise ε added to every linear's Y at once; the
+   change of G against the reference pass gives the curvature κ ≈ <ε, G(ε) - G(0)> / ‖ε‖²
+   (Hutchinson; the cross-terms between layers and the third-order term have zero mean).
 3. **Backward-noise pass** - for each linear, Gaussian noise ε as the upstream
-   gradient of its input X, back-propagated through the stored graph to every
-   earlier parameter (exact: backprop is linear in the upstream gradient);
-   preconditioned by AdamW's √v̂ it gives the propagation gain
-   γ = ‖δg ⊘ (√v̂+eps)‖ / ‖ε‖.
+   gradient of its input X, back-propagated to every earlier parameter (exact:
+   backprop is linear in the upstream gradient, so the change is the
+   vector-Jacobian product J·ε, J = ∂X/∂θ); preconditioned by AdamW's √v̂ it gives
+   the propagation gain γ = ‖J·ε ⊘ (√v̂+eps)‖ / ‖ε‖.
 
 Every quantity is stored as an *additive* sum (squared norms, dot products,
 numerators and denominators) so that snapshots can be summed over TP shards and DP
@@ -59,8 +59,10 @@ PER_FORMAT_KEYS = (
 class _Record:
     """Per-linear scratch for one probe micro-batch."""
 
-    x: torch.Tensor | None = None  # (T, K) detached input
+    x: torch.Tensor | None = None  # (T, K) input; detached, except in mode "inputs" (pass 3 differentiates it)
     g: torch.Tensor | None = None  # (T, N) dL/dY
+    y: torch.Tensor | None = None  # (T, N) reference output, kept when fp32 (pass 1 reuses it)
+    dx: torch.Tensor | None = None  # (T, K) this GEMM's own dgrad G·W, kept when fp32 (pass 1 reuses it)
     noise: torch.Tensor | None = None  # (T, N) forward noise of the current draw (pass 2)
     grad_noise_sigma: float = 0.0  # > 0: add N(0, σ²) to the gradient of X (pass 3)
     grad_noise_sq: float = 0.0  # ‖ε‖² of the injected gradient noise
@@ -107,9 +109,9 @@ class StatsCollector:
     @contextlib.contextmanager
     def _probes(self, linears: list[PrecisionLinear], mode: str, records: dict[str, _Record],
                 gen: torch.Generator | None = None) -> Iterator[None]:
-        """Route every linear's GEMM through a BF16 probe: mode "record" keeps X and G, "noise"
-        adds ``records[k].noise`` to Y and keeps G, "plain" only runs BF16 (and any gradient
-        noise injection the record asks for)."""
+        """Route every linear's GEMM through a BF16 probe: mode "record" keeps X, Y, G and the
+        GEMM's dX, "noise" adds ``records[k].noise`` to Y and keeps G, "inputs" keeps X with its
+        autograd graph, "plain" only runs BF16 (and any gradient noise injection the record asks for)."""
         def make(rec: _Record):
             def probe(module: PrecisionLinear, x: torch.Tensor) -> torch.Tensor:
                 if mode == "noise" and not x.requires_grad and torch.is_grad_enabled():
@@ -120,12 +122,21 @@ class StatsCollector:
                     eps = torch.randn(x.shape, generator=gen, device=x.device) * rec.grad_noise_sigma
                     rec.grad_noise_sq += float(eps.pow(2).sum())
                     x.register_hook(lambda g: g + eps.to(g.dtype))
-                y = module.local_gemm(x, BF16)
+                if mode == "record" and x.requires_grad:
+                    # An alias of X whose gradient is this GEMM's dgrad alone (X may feed others).
+                    x_own = x.view_as(x)
+                    x_own.register_hook(lambda g: setattr(rec, "dx", g.detach() if g.dtype == torch.float32 else None))
+                    y = module.local_gemm(x_own, BF16)
+                else:
+                    y = module.local_gemm(x, BF16)
                 if mode == "record":
                     rec.x = x.detach()
+                    rec.y = y.detach() if y.dtype == torch.float32 else None
+                elif mode == "inputs":
+                    rec.x = x  # with its graph: the propagation pass differentiates it
                 if rec.noise is not None:
                     y = y + rec.noise.view_as(y).to(y.dtype)
-                if y.requires_grad and mode != "plain":
+                if y.requires_grad and mode in ("record", "noise"):
                     y.register_hook(lambda g: setattr(rec, "g", g.detach()))
                 return y
 
@@ -161,12 +172,12 @@ class StatsCollector:
         # Pass 1: reference forward/backward and measured GEMM errors per format.
         t0 = time.perf_counter()
         losses = []
-        output_shapes: list[dict[str, torch.Size]] = []  # per probe batch: each linear's Y shape
+        reference_g: list[dict[str, torch.Tensor]] = []  # per probe batch: each linear's G(0), for pass 2
         for b, tokens in enumerate(probe_batches):
             records = {k: _Record() for k in keys}
             with self._probes(linears, "record", records, gen):
                 losses.append(float(trainer.forward_backward([tokens])))
-            output_shapes.append({k: records[k].g.shape for k in keys})
+            reference_g.append({k: records[k].g for k in keys})
             for k, lin in zip(keys, linears):
                 self._measure_errors(lin, records[k], sums[k], edw_acc[k], gen, first_batch=b == 0)
         grads = {id(p): p.grad.detach() / n for p in model.parameters() if p.grad is not None}
@@ -194,7 +205,7 @@ class StatsCollector:
 
         propagation: dict[str, dict[str, float]] = {}
         if noise_passes:
-            propagation = self._noise_passes(trainer, linears, keys, probe_batches, output_shapes, denominators,
+            propagation = self._noise_passes(trainer, linears, keys, probe_batches, reference_g, denominators,
                                              sums, gen, timings)
         return {
             "step": step,
@@ -210,34 +221,33 @@ class StatsCollector:
         }
 
     def _noise_passes(self, trainer: Any, linears: list[PrecisionLinear], keys: list[str],
-                      probe_batches: list[torch.Tensor], output_shapes: list[dict[str, torch.Size]],
+                      probe_batches: list[torch.Tensor], reference_g: list[dict[str, torch.Tensor]],
                       denominators: dict[int, torch.Tensor], sums: dict[str, dict[str, Any]],
                       gen: torch.Generator, timings: dict[str, float]) -> dict[str, dict[str, float]]:
         """Passes 2 and 3: curvature sums into ``sums``; returns the propagation gains."""
         optimizer = trainer.optimizer
-        # Pass 2: antithetic forward noise -> curvature along Y.
+        # Pass 2: forward noise -> curvature along Y. One noisy pass per draw, differenced against
+        # the reference pass's G(0): at the same number of passes this is less noisy than
+        # antithetic ±ε pairs, whose only gain (cancelling the zero-mean third-order term) is
+        # small next to the cross-layer terms (scripts/exp_curvature_estimator.py).
         t0 = time.perf_counter()
         harshest = self._harshest(sums)
         for k in keys:
             s = sums[k]
             # Noise at the scale of the error being priced: ‖e_Y(harshest)‖ / sqrt(T·N) per element.
             s["noise_sigma"] = math.sqrt(s["per_format"][harshest]["sq_ey"] / max(1.0, s["numel_y"]))
-        for tokens, shapes in zip(probe_batches, output_shapes):
+        for tokens, g_ref in zip(probe_batches, reference_g):
             for _ in range(self.cfg.noise_draws):
-                noise = {k: torch.randn(shapes[k], generator=gen, device=trainer.device) * sums[k]["noise_sigma"]
+                noise = {k: torch.randn(g_ref[k].shape, generator=gen, device=trainer.device) * sums[k]["noise_sigma"]
                          for k in keys}
-                g_pm = []
-                for sign in (1.0, -1.0):
-                    records = {k: _Record(noise=noise[k] * sign) for k in keys}
-                    # Only G = dL/dY is needed here: frozen linear weights skip their wgrad GEMMs.
-                    with self._probes(linears, "noise", records, gen), _frozen_weights(linears):
-                        trainer.forward_backward([tokens])
-                    g_pm.append({k: records[k].g for k in keys})
-                    optimizer.zero_grad(set_to_none=True)
+                records = {k: _Record(noise=noise[k]) for k in keys}
+                # Only G = dL/dY is needed here: frozen linear weights skip their wgrad GEMMs.
+                with self._probes(linears, "noise", records, gen), _frozen_weights(linears):
+                    trainer.forward_backward([tokens])
+                optimizer.zero_grad(set_to_none=True)
                 for k in keys:
                     eps = _flat(noise[k])
-                    dg = _flat(g_pm[0][k]) - _flat(g_pm[1][k])
-                    sums[k]["curv_num"] += float((eps * dg).sum()) / 2.0
+                    sums[k]["curv_num"] += float((eps * (_flat(records[k].g) - _flat(g_ref[k]))).sum())
                     sums[k]["curv_den"] += float(eps.pow(2).sum())
         timings["forward_noise_pass_s"] = time.perf_counter() - t0
 
@@ -252,7 +262,11 @@ class StatsCollector:
                         edw_acc: dict[str, torch.Tensor], gen: torch.Generator, *, first_batch: bool) -> None:
         assert rec.x is not None and rec.g is not None, f"linear {key_of(lin)} saw no forward/backward"
         x, g, w = _flat(rec.x), _flat(rec.g), lin.weight.detach().float()
-        y_ref, dx_ref, dw_ref = x @ w.t(), g @ w, g.t() @ x
+        # Y and dX from the pass itself when it ran in fp32 (under bf16 autocast they carry bf16
+        # rounding, which would bias the measured errors: recompute in fp32 then).
+        y_ref = _flat(rec.y) if rec.y is not None else x @ w.t()
+        dx_ref = _flat(rec.dx) if rec.dx is not None else g @ w
+        dw_ref = g.t() @ x
         s["tokens"] += x.shape[0]
         s["sq_x"] += float(x.pow(2).sum())
         s["sq_y"] += float(y_ref.pow(2).sum())
@@ -291,28 +305,73 @@ class StatsCollector:
         """Gain of an error in each linear's input gradient on the AdamW-preconditioned gradients
         of everything before it: {"<layer>.<linear>": {"num": Σ‖J·ε ⊘ (√v̂+eps)‖², "den": ‖ε‖²}}.
 
-        One reference forward/backward, then one per linear of the *whole model* with Gaussian
-        noise ε (at the scale of the harshest format's dgrad error) added to the gradient of
-        that linear's input X. Backprop is linear in the upstream gradient, so each parameter
-        gradient changes by exactly J·ε - across pipeline stages and TP collectives like any
-        gradient. Every rank walks the same global list of linears (so collectives match);
+        For each linear of the *whole model*, Gaussian noise ε (at the scale of the harshest
+        format's dgrad error) is added to the gradient of that linear's GEMM input X, on the
+        first ``propagation_sequences`` sequences of ``tokens``. Backprop is linear in the
+        upstream gradient, so each earlier parameter's gradient changes by exactly J·ε, where
+        J = ∂X/∂θ. Every rank walks the same global list of linears (so collectives match);
         only the owner injects - for a column-parallel linear, whose X is replicated over TP,
         only TP rank 0. Each rank reports its own parameters' share of "num" and its injected
         "den"; the controller sums both over TP and PP ranks.
+
+        With one pipeline stage J·ε is a vector-Jacobian product on one retained forward graph
+        (``_propagation_by_vjp``); across stages it is the difference of whole pipelined
+        backward passes (``_propagation_by_reruns``). Both draw the same ε from ``gen``.
         """
         tokens = tokens[: self.cfg.propagation_sequences]
-        optimizer = trainer.optimizer
         params = [p for p in trainer.model.parameters() if id(p) in denominators]
-        by_key = dict(zip(keys, linears))
         tp_rank = getattr(getattr(trainer, "topo", None), "tp_rank", 0)
+        by_key = dict(zip(keys, linears))
+        injections: dict[str, float] = {}  # key -> σ of the noise this rank injects at that linear's input
+        for key in (f"{layer}.{lin}" for layer in range(trainer.cfg.model.num_layers) for lin in LINEARS):
+            owner = by_key.get(key)
+            if owner is not None and (tp_rank == 0 or not _input_replicated_over_tp(owner)):
+                s = sums[key]
+                numel_x = max(1, s["tokens"] * s["shape"][1])
+                injections[key] = math.sqrt(s["per_format"][harshest]["sq_edx"] / numel_x) or 1e-12
+            else:
+                injections[key] = 0.0
+        if getattr(getattr(trainer, "topo", None), "pp", 1) == 1:
+            return self._propagation_by_vjp(trainer, linears, keys, tokens, params, denominators, injections, gen)
+        return self._propagation_by_reruns(trainer, linears, keys, tokens, params, denominators, injections, gen)
+
+    def _propagation_by_vjp(self, trainer: Any, linears: list[PrecisionLinear], keys: list[str],
+                            tokens: torch.Tensor, params: list[torch.Tensor], denominators: dict[int, torch.Tensor],
+                            injections: dict[str, float], gen: torch.Generator) -> dict[str, dict[str, float]]:
+        """pp == 1: one forward keeping each GEMM input X with its graph, then per linear
+        ``autograd.grad(X, θ, ε)`` = J·ε exactly. J does not depend on anything after X, so
+        neither the loss's backward nor a reference pass is needed (17 -> 1 forward on tiny)."""
+        records = {k: _Record() for k in keys}
+        with self._probes(linears, "inputs", records, gen):
+            trainer.forward_loss(tokens)
+        out: dict[str, dict[str, float]] = {}
+        for key, sigma in injections.items():
+            x = records[key].x if key in records else None
+            if x is None or not x.requires_grad:  # not in this model, or nothing upstream (e.g. a data input)
+                out[key] = {"num": 0.0, "den": 0.0}
+                continue
+            eps = torch.randn(x.shape, generator=gen, device=x.device) * sigma if sigma > 0 else torch.zeros_like(x)
+            deltas = torch.autograd.grad(x, params, grad_outputs=eps.to(x.dtype), retain_graph=True,
+                                         allow_unused=True)
+            num = sum(float((d.float() / denominators[id(p)]).pow(2).sum())
+                      for p, d in zip(params, deltas) if d is not None)
+            out[key] = {"num": num, "den": float(eps.pow(2).sum()) if sigma > 0 else 0.0}
+        return out
+
+    def _propagation_by_reruns(self, trainer: Any, linears: list[PrecisionLinear], keys: list[str],
+                               tokens: torch.Tensor, params: list[torch.Tensor],
+                               denominators: dict[int, torch.Tensor], injections: dict[str, float],
+                               gen: torch.Generator) -> dict[str, dict[str, float]]:
+        """Any pipeline layout: one reference forward/backward (``trainer.forward_backward``,
+        pipelined when pp > 1), then one per linear with ε added to the gradient of its X by a
+        hook; J·ε is the difference of the parameter gradients."""
+        optimizer = trainer.optimizer
 
         def gradients(inject: str | None) -> tuple[list[torch.Tensor | None], float]:
             optimizer.zero_grad(set_to_none=True)
             records = {k: _Record() for k in keys}
             if inject is not None:
-                s = sums[inject]
-                numel_x = max(1, s["tokens"] * s["shape"][1])
-                records[inject].grad_noise_sigma = math.sqrt(s["per_format"][harshest]["sq_edx"] / numel_x) or 1e-12
+                records[inject].grad_noise_sigma = injections[inject]
             with self._probes(linears, "plain", records, gen):
                 trainer.forward_backward([tokens])
             grads = [None if p.grad is None else p.grad.detach().clone() for p in params]
@@ -320,15 +379,13 @@ class StatsCollector:
 
         reference, _ = gradients(None)
         out: dict[str, dict[str, float]] = {}
-        num_layers = trainer.cfg.model.num_layers
-        for key in (f"{layer}.{lin}" for layer in range(num_layers) for lin in LINEARS):
-            owner = by_key.get(key)
-            inject = key if owner is not None and (tp_rank == 0 or not _input_replicated_over_tp(owner)) else None
-            grads, den = gradients(inject)
+        for key, sigma in injections.items():
+            grads, den = gradients(key if sigma > 0 else None)
             num = sum(float(((g - g0).float() / denominators[id(p)]).pow(2).sum())
                       for p, g, g0 in zip(params, grads, reference) if g is not None and g0 is not None)
             out[key] = {"num": num, "den": den}
         return out
+
 
 def quantized_gemms(lin: PrecisionLinear, x_tk: torch.Tensor, g_tn: torch.Tensor,
                     precision: GemmPrecision) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -67,3 +67,34 @@ def test_tp2_pp2_snip_replans_with_one_plan_everywhere(tmp_path):
             got = snap["linears"][key]["per_format"]["fp8"]["sq_ey"]
             want = ref["snapshots"][0]["linears"][key]["per_format"]["fp8"]["sq_ey"]
             assert got == pytest.approx(want, rel=1e-4), key
+
+
+def _propagation_worker(rank, world, overrides):
+    from megatron_snip.snip.stats import ProbeConfig, StatsCollector
+
+    cfg = load_config(TINY, overrides)
+    tr = Trainer(cfg, init_distributed(cfg.parallel.tp, cfg.parallel.pp, device_type="cpu", timeout_s=120))
+    for step in range(2):
+        tr.train_step(step)
+    tokens = tr.micro_batches(5)[0]
+    collector = StatsCollector(ProbeConfig(formats=("fp8", "nvfp4"), noise_draws=1, propagation_sequences=2))
+    by_vjp = collector.collect(tr, [tokens], step=3)["propagation"]
+    collector._propagation_by_vjp = collector._propagation_by_reruns  # the path pipelined layouts take
+    by_reruns = collector.collect(tr, [tokens], step=3)["propagation"]
+    tr.logger.close()
+    return by_vjp, by_reruns
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_tp2_propagation_by_vjp_equals_the_rerun_difference(tmp_path, sequence_parallel):
+    """Under TP the vector-Jacobian product runs the same TP collectives as a whole backward:
+    on every rank J·ε equals the difference of backward passes with and without ε."""
+    overrides = BASE + [f"data.cache_dir={tmp_path / 'cache'}", f"training.run_dir={tmp_path / 'run'}",
+                        "parallel.tp=2", f"parallel.sequence_parallel={str(sequence_parallel).lower()}",
+                        "snip.enabled=false"]
+    for by_vjp, by_reruns in run_ranks(_propagation_worker, 2, (overrides,), timeout_s=240):
+        assert sorted(by_vjp) == sorted(by_reruns)
+        for key, got in by_vjp.items():
+            assert got["den"] == by_reruns[key]["den"], key
+            assert got["num"] == pytest.approx(by_reruns[key]["num"], rel=1e-3), key
+        assert sum(v["num"] for v in by_vjp.values()) > 0

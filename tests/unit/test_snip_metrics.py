@@ -19,6 +19,7 @@ from megatron_snip.model.layers import PrecisionLinear
 from megatron_snip.precision.formats import Operand
 from megatron_snip.precision.plan import GemmId, GemmPrecision
 from megatron_snip.precision.quantize import quantize
+from megatron_snip.snip import stats as stats_module
 from megatron_snip.snip.metrics import (
     curvature,
     linear_divergences,
@@ -34,8 +35,9 @@ C = 3.0
 
 
 class Chain(nn.Module):
-    def __init__(self, two: bool) -> None:
+    def __init__(self, two: bool, residual: bool = False) -> None:
         super().__init__()
+        self.residual = residual  # y = fc2(h) + h: fc2's input then has a second consumer
         self.lins = nn.ModuleList()
         if two:
             self.lins.append(PrecisionLinear(K, H, layer=0, linear="fc1", init_std=0.2))
@@ -46,18 +48,18 @@ class Chain(nn.Module):
 
     def forward(self, x):
         for lin in self.lins:
-            x = lin(x)
+            x = lin(x) + (x if self.residual and lin.linear == "fc2" else 0.0)
         return x
 
 
 class QuadraticTrainer:
     """What StatsCollector needs of a trainer: model, optimizer, device, forward_loss, forward_backward."""
 
-    def __init__(self, two: bool = False, seed: int = 0) -> None:
+    def __init__(self, two: bool = False, seed: int = 0, residual: bool = False) -> None:
         torch.manual_seed(seed)
         self.cfg = SimpleNamespace(model=SimpleNamespace(num_layers=1))
         self.device = torch.device("cpu")
-        self.model = Chain(two)
+        self.model = Chain(two, residual)
         self.target_map = torch.randn(N, K) * 0.3
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
 
@@ -177,3 +179,61 @@ def test_errors_only_collection_matches_the_full_one_and_is_refused_by_snip():
     assert policy_costs("snip", full, 2.0) == snip_costs(full, 2.0)
     with pytest.raises(ValueError, match="takes no costs"):
         policy_costs("random", full)
+
+
+def _small_trainer(overrides):
+    from megatron_snip.config import load_config
+    from megatron_snip.training.trainer import Trainer
+
+    tr = Trainer(load_config("launch/configs/tiny.toml", overrides))
+    for step in range(2):  # AdamW state exists: the gains are preconditioned by its v
+        tr.train_step(step)
+    return tr
+
+
+def test_propagation_by_vjp_equals_the_rerun_difference(small_overrides, monkeypatch):
+    """One pipeline stage: J·ε as a vector-Jacobian product (one forward) equals the difference
+    of whole backward passes with and without ε (the path pipelined layouts take), same ε."""
+    tr = _small_trainer(small_overrides)
+    tokens = tr.micro_batches(10)[0]
+    collector = StatsCollector(ProbeConfig(formats=("fp8", "nvfp4"), noise_draws=1, propagation_sequences=2))
+    by_vjp = collector.collect(tr, [tokens], step=3)
+    monkeypatch.setattr(collector, "_propagation_by_vjp", collector._propagation_by_reruns)
+    by_reruns = collector.collect(tr, [tokens], step=3)
+    assert sorted(by_vjp["propagation"]) == sorted(by_reruns["propagation"])
+    for key, got in by_vjp["propagation"].items():
+        want = by_reruns["propagation"][key]
+        assert got["den"] == want["den"] > 0, key  # the same noise was injected
+        assert got["num"] == pytest.approx(want["num"], rel=1e-3) and got["num"] > 0, key
+    assert by_vjp["linears"] == by_reruns["linears"]  # passes 1 and 2 are untouched
+
+
+def test_reference_pass_reuses_y_and_dx_only_as_the_recomputation_would(monkeypatch):
+    """Pass 1 takes Y and the GEMM's own dX from the probe pass; the measured errors equal those
+    computed from freshly recomputed fp32 references. fc2's X also feeds a residual here, so X's
+    total gradient differs from fc2's own dX - the probe must isolate the latter."""
+    tr = QuadraticTrainer(two=True, residual=True)
+    tr.set_adam_state(0.01)
+    batches = [torch.randn(T, K)]
+    collector = StatsCollector(ProbeConfig(formats=("fp8", "nvfp4"), noise_draws=1, seed=0))
+    kept = set()
+
+    class Spy(stats_module._Record):  # notes that the probe did keep Y and dX
+        def __setattr__(self, name, value):
+            if name in ("y", "dx") and value is not None:
+                kept.add(name)
+            super().__setattr__(name, value)
+
+    class NoReuse(stats_module._Record):  # drops Y and dX as the probe sets them: pass 1 recomputes both
+        def __setattr__(self, name, value):
+            super().__setattr__(name, None if name in ("y", "dx") else value)
+
+    monkeypatch.setattr(stats_module, "_Record", Spy)
+    reused = collector.collect(tr, batches, step=1, noise_passes=False)
+    assert kept == {"y", "dx"}
+    monkeypatch.setattr(stats_module, "_Record", NoReuse)
+    recomputed = collector.collect(tr, batches, step=1, noise_passes=False)
+    for key, s in reused["linears"].items():
+        for f, pf in s["per_format"].items():
+            for name, value in pf.items():
+                assert value == pytest.approx(recomputed["linears"][key]["per_format"][f][name], rel=1e-5, abs=1e-9), (key, f, name)
