@@ -51,14 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from megatron_snip.config import load_config
     from megatron_snip.precision.gemm import tune_cpu_malloc
-    from megatron_snip.snip.stats import (
-        ProbeConfig,
-        StatsCollector,
-        _flat,
-        _frozen_weights,
-        _Record,
-        key_of,
-    )
+    from megatron_snip.snip.stats import ProbeConfig, StatsCollector, _flat, _frozen_weights, _Record, key_of
 
     tune_cpu_malloc()
     cfg = load_config(args.config, ["training.run_dir=/tmp/exp_curvature/run", "snip.enabled=false"])

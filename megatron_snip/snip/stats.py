@@ -100,6 +100,10 @@ class StatsCollector:
     Works on one pipeline stage's linears (all of them when pp == 1). The caller
     reduces snapshots over TP/DP (``reduce_snapshot`` in the controller) before the
     metrics. Gradients produced here are discarded; model precisions are restored.
+
+    Memory: pass 1 keeps every linear's G (T, N) of each probe micro-batch for pass 2's
+    differences - about one micro-batch's worth of layer outputs per probe micro-batch; pass 3
+    keeps one forward graph of ``propagation_sequences`` sequences.
     """
 
     def __init__(self, probe_cfg: ProbeConfig) -> None:
@@ -350,6 +354,7 @@ class StatsCollector:
             if x is None or not x.requires_grad:  # not in this model, or nothing upstream (e.g. a data input)
                 out[key] = {"num": 0.0, "den": 0.0}
                 continue
+            # A TP rank that does not inject still runs the product (with zeros): its collectives must match.
             eps = torch.randn(x.shape, generator=gen, device=x.device) * sigma if sigma > 0 else torch.zeros_like(x)
             deltas = torch.autograd.grad(x, params, grad_outputs=eps.to(x.dtype), retain_graph=True,
                                          allow_unused=True)
