@@ -1,6 +1,7 @@
 """How noisy is SNIP's forward-noise curvature κ, and which estimator buys the most per pass?
 
-    python scripts/exp_curvature_estimator.py [--draws 32] [--train-steps 60] [--out docs/bench/curvature_estimator.json]
+    python scripts/exp_curvature_estimator.py [--draws 32] [--train-steps 60] [--sigma-scale 1]
+                                              [--out docs/bench/curvature_estimator.json]
 
 Trains `tiny` (BF16, --train-steps), takes one probe micro-batch, and records for ``--draws``
 Gaussian draws ε (σ as in stats.py: the harshest format's forward-error scale, noise in every
@@ -15,6 +16,9 @@ held-out "truth": the antithetic estimate over all *other* draws (leave-subset-o
 estimator shares samples with its truth). Reported per estimator: relative RMS error of the 16
 per-linear κ (RMS over linears of (κ̂ - κ_truth) / mean|κ_truth|, averaged over disjoint subsets)
 and the Spearman correlation of κ̂ with the truth across linears.
+
+``--sigma-scale`` multiplies σ (the noise-scale question: κ depends on σ only through the
+third- and higher-order terms of the loss in Y; compare ``kappa_truth_all_draws`` across scales).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default="launch/configs/tiny.toml")
     ap.add_argument("--draws", type=int, default=32)
     ap.add_argument("--train-steps", type=int, default=60)
+    ap.add_argument("--sigma-scale", type=float, default=1.0, help="multiplies the noise σ of stats.py")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="docs/bench/curvature_estimator.json")
     args = ap.parse_args(argv)
@@ -65,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     linears = list(tr.model.precision_linears())
     keys = [key_of(lin) for lin in linears]
     harshest = collector._harshest(sums)
-    sigma = {k: math.sqrt(sums[k]["per_format"][harshest]["sq_ey"] / sums[k]["numel_y"]) for k in keys}
+    sigma = {k: args.sigma_scale * math.sqrt(sums[k]["per_format"][harshest]["sq_ey"] / sums[k]["numel_y"])
+             for k in keys}
     gen = torch.Generator().manual_seed(7)
 
     def grads(noise):
@@ -112,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{time.perf_counter() - t0:.0f} s of noise passes")
     out = {"command": "python scripts/exp_curvature_estimator.py " + " ".join(argv or sys.argv[1:]),
            "config": args.config, "train_steps": args.train_steps, "draws": args.draws, "threads": args.threads,
+           "sigma_scale": args.sigma_scale,
            "linears": keys, "kappa_truth_all_draws": truth_all.tolist(), "truth_rel_se": truth_rel_se,
            "estimators": results}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
