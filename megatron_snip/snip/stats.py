@@ -319,8 +319,9 @@ class StatsCollector:
         "den"; the controller sums both over TP and PP ranks.
 
         With one pipeline stage J·ε is a vector-Jacobian product on one retained forward graph
-        (``_propagation_by_vjp``); across stages it is the difference of whole pipelined
-        backward passes (``_propagation_by_reruns``). Both draw the same ε from ``gen``.
+        (``_propagation_by_vjp``); across stages, or with a backend that allows one backward per
+        graph (Transformer Engine), it is the difference of whole backward passes
+        (``_propagation_by_reruns``). Both draw the same ε from ``gen``.
         """
         tokens = tokens[: self.cfg.propagation_sequences]
         params = [p for p in trainer.model.parameters() if id(p) in denominators]
@@ -335,7 +336,8 @@ class StatsCollector:
                 injections[key] = math.sqrt(s["per_format"][harshest]["sq_edx"] / numel_x) or 1e-12
             else:
                 injections[key] = 0.0
-        if getattr(getattr(trainer, "topo", None), "pp", 1) == 1:
+        one_stage = getattr(getattr(trainer, "topo", None), "pp", 1) == 1
+        if one_stage and all(lin.backend.repeatable_backward for lin in linears):
             return self._propagation_by_vjp(trainer, linears, keys, tokens, params, denominators, injections, gen)
         return self._propagation_by_reruns(trainer, linears, keys, tokens, params, denominators, injections, gen)
 

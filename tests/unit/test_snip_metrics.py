@@ -208,6 +208,22 @@ def test_propagation_by_vjp_equals_the_rerun_difference(small_overrides, monkeyp
     assert by_vjp["linears"] == by_reruns["linears"]  # passes 1 and 2 are untouched
 
 
+def test_propagation_reruns_the_model_when_the_backend_allows_one_backward_per_graph(monkeypatch):
+    """Transformer Engine frees its saved tensors in backward, so the VJP path (many backward
+    passes through one graph) must not be taken with it; the rerun path is."""
+    from megatron_snip.precision.backends.emulated import EmulatedBackend
+    from megatron_snip.precision.backends.te import TEBackend
+
+    assert EmulatedBackend.repeatable_backward and not TEBackend.repeatable_backward
+    tr = QuadraticTrainer(two=True)
+    tr.set_adam_state(0.01)
+    monkeypatch.setattr(EmulatedBackend, "repeatable_backward", False)
+    collector = StatsCollector(ProbeConfig(formats=("fp8",), noise_draws=1, propagation_sequences=T))
+    monkeypatch.setattr(collector, "_propagation_by_vjp", lambda *a, **k: pytest.fail("took the VJP path"))
+    snap = collector.collect(tr, [torch.randn(T, K)], step=1)
+    assert snap["propagation"]["0.fc2"]["num"] > 0 and snap["propagation"]["0.fc2"]["den"] > 0
+
+
 def test_reference_pass_reuses_y_and_dx_only_as_the_recomputation_would(monkeypatch):
     """Pass 1 takes Y and the GEMM's own dX from the probe pass; the measured errors equal those
     computed from freshly recomputed fp32 references. fc2's X also feeds a residual here, so X's

@@ -26,6 +26,9 @@ class Backend(abc.ABC):
     """Runs a bias-free linear layer Y = X·Wᵀ with a per-GEMM ``GemmPrecision``."""
 
     name: str
+    # Can a graph through ``linear`` be back-propagated more than once (``retain_graph=True``)?
+    # The SNIP propagation pass takes many vector-Jacobian products on one forward when it can.
+    repeatable_backward: bool = False
 
     def supports(self, fmt: str, device: torch.device | str | None = None) -> tuple[bool, str]:
         """(ok, reason): can this backend run GEMMs in ``fmt`` on ``device``?"""

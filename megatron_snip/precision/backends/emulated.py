@@ -19,6 +19,7 @@ class EmulatedBackend(Backend):
     """
 
     name = "emulated"
+    repeatable_backward = True  # plain autograd (F.linear, or a Function that frees nothing)
 
     def __init__(self, compiled: bool = False) -> None:
         self.compiled = compiled

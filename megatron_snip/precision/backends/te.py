@@ -84,6 +84,8 @@ class TEBackend(Backend):
     """
 
     name = "te"
+    # te.Linear frees its saved tensors in backward (NVIDIA/TransformerEngine#990): one backward per graph.
+    repeatable_backward = False
 
     def __init__(self, amax_group: Any = None) -> None:
         self.amax_group = amax_group
