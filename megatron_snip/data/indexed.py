@@ -180,7 +180,7 @@ class IndexedDatasetBuilder:
             if p is not None and os.path.exists(p):
                 os.unlink(p)
 
-    def __enter__(self) -> "IndexedDatasetBuilder":
+    def __enter__(self) -> IndexedDatasetBuilder:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

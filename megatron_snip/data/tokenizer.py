@@ -133,7 +133,7 @@ class BPETokenizer(Tokenizer):
         min_frequency: int = 2,
         pad_to: int = 64,
         show_progress: bool = False,
-    ) -> "BPETokenizer":
+    ) -> BPETokenizer:
         """Train a byte-level BPE with ``vocab_size`` ids (256 byte symbols + EOD + merges).
 
         Args:
@@ -166,7 +166,7 @@ class BPETokenizer(Tokenizer):
         return cls(tok, EOD_TOKEN, pad_to)
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike, eod_token: str = EOD_TOKEN, pad_to: int = 64) -> "BPETokenizer":
+    def from_file(cls, path: str | os.PathLike, eod_token: str = EOD_TOKEN, pad_to: int = 64) -> BPETokenizer:
         """Load a ``tokenizer.json`` written by ``save`` (or any HF byte-level BPE file)."""
         from tokenizers import Tokenizer as HFTokenizer
 

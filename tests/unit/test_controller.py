@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from megatron_snip.config import load_config
 from megatron_snip.precision.plan import PrecisionPlan
 from megatron_snip.snip.controller import SnipController, is_replan_step
