@@ -6,7 +6,7 @@ BF16 (the reference trajectory). Three passes (docs/snip.md derives what each fe
 1. **Reference pass** - one forward+backward per probe micro-batch. Each linear
    records X (T, K), its output Y (T, N) and G = dL/dY (T, N); with W (N, K) the
    errors of all three GEMMs in every candidate format are *measured* by running
-   the real quantized GEMM (``PrecisionLinear.local_gemm``) on the stored tensors:
+   the quantized GEMM (``quant_linear``, the emulated formats) on the stored tensors:
    e_Y = Q(X)Q(W)ᵀ - XWᵀ, e_dX = Q(G)Q(W) - GW, e_dW = Q(G)ᵀQ(X) - GᵀX.
 2. **Forward-noise pass** - Gaussian noise ε added to every linear's Y at once; the
    change of G against the reference pass gives the curvature κ ≈ <ε, G(ε) - G(0)> / ‖ε‖²
@@ -36,6 +36,7 @@ import torch
 
 from megatron_snip.model.layers import ColumnParallelLinear, PrecisionLinear
 from megatron_snip.precision.formats import Operand
+from megatron_snip.precision.gemm import quant_linear
 from megatron_snip.precision.plan import LINEARS, GemmPrecision
 from megatron_snip.precision.quantize import quantize
 
@@ -280,9 +281,10 @@ class StatsCollector:
         s["numel_y"] += y_ref.numel()
         saved_gen = lin.generator
         lin.generator = gen  # stochastic rounding here must not consume the training stream
+        compiled = self.cfg.compiled_quantizers
         try:
             for f in self.cfg.formats:
-                y_q, dx_q, dw_q = quantized_gemms(lin, x, g, GemmPrecision.uniform(f))
+                y_q, dx_q, dw_q = quantized_gemms(lin, x, g, GemmPrecision.uniform(f), compiled=compiled)
                 e_y, e_dx, e_dw = y_q - y_ref, dx_q - dx_ref, dw_q - dw_ref
                 pf = s["per_format"][f]
                 dot = float((g * e_y).sum())
@@ -291,7 +293,6 @@ class StatsCollector:
                 pf["sq_ey"] += float(e_y.pow(2).sum())
                 pf["sq_edx"] += float(e_dx.pow(2).sum())
                 edw_acc[f] = edw_acc[f] + e_dw if f in edw_acc else e_dw
-                compiled = self.cfg.compiled_quantizers
                 pf["sq_qerr_x"] += operand_error(lin, x, w, f, "x", compiled=compiled)
                 pf["sq_qerr_g"] += operand_error(lin, g, w, f, "g", compiled=compiled)
                 if first_batch:  # W is the same for every probe batch
@@ -394,19 +395,21 @@ class StatsCollector:
         return out
 
 
-def quantized_gemms(lin: PrecisionLinear, x_tk: torch.Tensor, g_tn: torch.Tensor,
-                    precision: GemmPrecision) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(Y, dX, dW) of the linear's own quantized GEMMs on stored X (T, K) and G (T, N)."""
+def quantized_gemms(lin: PrecisionLinear, x_tk: torch.Tensor, g_tn: torch.Tensor, precision: GemmPrecision, *,
+                    compiled: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(Y, dX, dW) of the linear's three GEMMs in ``precision`` on stored X (T, K) and G (T, N).
+
+    Run by the emulated formats (``quant_linear``, the numerics reference of every backend and
+    the emulated backend's own GEMM) with the layer's TP amax reduction and generator, on a
+    detached copy of W: Transformer Engine's module API could only run them through the
+    training ``te.Linear`` and its weight Parameter (``TEBackend.linear``).
+    """
     with torch.enable_grad():
         x = x_tk.detach().requires_grad_(True)
         w = lin.weight.detach().float().requires_grad_(True)
-        y = _functional_gemm(lin, x, w, precision)
+        y = quant_linear(x, w, precision, amax_reduce=lin.amax_reduce, generator=lin.generator, compiled=compiled)
         dx, dw = torch.autograd.grad(y, (x, w), g_tn)
     return y.detach().float(), dx.float(), dw.float()
-
-
-def _functional_gemm(lin: PrecisionLinear, x: torch.Tensor, w: torch.Tensor, precision: GemmPrecision) -> torch.Tensor:
-    return lin.backend.linear(x, w, precision, amax_reduce=lin.amax_reduce, generator=lin.generator)
 
 
 def operand_error(lin: PrecisionLinear, x_tk: torch.Tensor, w_nk: torch.Tensor, fmt: str, which: str, *,

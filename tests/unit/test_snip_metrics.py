@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from megatron_snip.model.layers import PrecisionLinear
+from megatron_snip.precision.backends.emulated import EmulatedBackend
 from megatron_snip.precision.formats import Operand
 from megatron_snip.precision.plan import GemmId, GemmPrecision
 from megatron_snip.precision.quantize import quantize
@@ -222,6 +223,38 @@ def test_propagation_reruns_the_model_when_the_backend_allows_one_backward_per_g
     monkeypatch.setattr(collector, "_propagation_by_vjp", lambda *a, **k: pytest.fail("took the VJP path"))
     snap = collector.collect(tr, [torch.randn(T, K)], step=1)
     assert snap["propagation"]["0.fc2"]["num"] > 0 and snap["propagation"]["0.fc2"]["den"] > 0
+
+
+class _ParameterOnlyBackend(EmulatedBackend):
+    """Transformer Engine's constraints without a GPU: it runs only the layer's own weight
+    Parameter (installed in a te.Linear) and one backward per graph."""
+
+    name = "parameter_only"
+    repeatable_backward = False
+
+    def linear(self, x, weight, precision, **kw):
+        if not isinstance(weight, nn.Parameter):
+            raise TypeError("needs the weight as an nn.Parameter")
+        return super().linear(x, weight, precision, **kw)
+
+
+def test_statistics_run_with_a_backend_that_takes_only_the_layer_parameter():
+    """The measured errors come from the emulated formats whatever the training backend (TE
+    could not run GEMMs on a detached weight): the snapshot equals the emulated one."""
+    batches = [torch.randn(T, K)]
+    snaps = []
+    for backend in (EmulatedBackend(), _ParameterOnlyBackend()):
+        tr = QuadraticTrainer(two=True)
+        tr.set_adam_state(0.01)
+        for lin in tr.model.lins:
+            lin.backend = backend
+        collector = StatsCollector(ProbeConfig(formats=("fp8", "nvfp4"), noise_draws=1, propagation_sequences=T))
+        snaps.append(collector.collect(tr, batches, step=1))
+    emulated, parameter_only = snaps
+    assert parameter_only["linears"] == emulated["linears"]
+    for key, p in parameter_only["propagation"].items():  # reruns vs VJP: the same ε, fp32 rounding apart
+        assert p["den"] == emulated["propagation"][key]["den"]
+        assert p["num"] == pytest.approx(emulated["propagation"][key]["num"], rel=1e-4)
 
 
 def test_reference_pass_reuses_y_and_dx_only_as_the_recomputation_would(monkeypatch):
