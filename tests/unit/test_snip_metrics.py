@@ -209,22 +209,6 @@ def test_propagation_by_vjp_equals_the_rerun_difference(small_overrides, monkeyp
     assert by_vjp["linears"] == by_reruns["linears"]  # passes 1 and 2 are untouched
 
 
-def test_propagation_reruns_the_model_when_the_backend_allows_one_backward_per_graph(monkeypatch):
-    """Transformer Engine frees its saved tensors in backward, so the VJP path (many backward
-    passes through one graph) must not be taken with it; the rerun path is."""
-    from megatron_snip.precision.backends.emulated import EmulatedBackend
-    from megatron_snip.precision.backends.te import TEBackend
-
-    assert EmulatedBackend.repeatable_backward and not TEBackend.repeatable_backward
-    tr = QuadraticTrainer(two=True)
-    tr.set_adam_state(0.01)
-    monkeypatch.setattr(EmulatedBackend, "repeatable_backward", False)
-    collector = StatsCollector(ProbeConfig(formats=("fp8",), noise_draws=1, propagation_sequences=T))
-    monkeypatch.setattr(collector, "_propagation_by_vjp", lambda *a, **k: pytest.fail("took the VJP path"))
-    snap = collector.collect(tr, [torch.randn(T, K)], step=1)
-    assert snap["propagation"]["0.fc2"]["num"] > 0 and snap["propagation"]["0.fc2"]["den"] > 0
-
-
 class _ParameterOnlyBackend(EmulatedBackend):
     """Transformer Engine's constraints without a GPU: it runs only the layer's own weight
     Parameter (installed in a te.Linear) and one backward per graph."""
@@ -238,9 +222,13 @@ class _ParameterOnlyBackend(EmulatedBackend):
         return super().linear(x, weight, precision, **kw)
 
 
-def test_statistics_run_with_a_backend_that_takes_only_the_layer_parameter():
+def test_statistics_run_with_a_backend_that_takes_only_the_layer_parameter(monkeypatch):
     """The measured errors come from the emulated formats whatever the training backend (TE
-    could not run GEMMs on a detached weight): the snapshot equals the emulated one."""
+    could not run GEMMs on a detached weight), and a backend that allows one backward per graph
+    gets the propagation gains by reruns, not VJPs: the snapshot equals the emulated one."""
+    from megatron_snip.precision.backends.te import TEBackend
+
+    assert EmulatedBackend.repeatable_backward and not TEBackend.repeatable_backward
     batches = [torch.randn(T, K)]
     snaps = []
     for backend in (EmulatedBackend(), _ParameterOnlyBackend()):
@@ -249,6 +237,8 @@ def test_statistics_run_with_a_backend_that_takes_only_the_layer_parameter():
         for lin in tr.model.lins:
             lin.backend = backend
         collector = StatsCollector(ProbeConfig(formats=("fp8", "nvfp4"), noise_draws=1, propagation_sequences=T))
+        if not backend.repeatable_backward:
+            monkeypatch.setattr(collector, "_propagation_by_vjp", lambda *a, **k: pytest.fail("took the VJP path"))
         snaps.append(collector.collect(tr, batches, step=1))
     emulated, parameter_only = snaps
     assert parameter_only["linears"] == emulated["linears"]
