@@ -279,26 +279,22 @@ class StatsCollector:
         s["sq_dx"] += float(dx_ref.pow(2).sum())
         s["sq_w"] = float(w.pow(2).sum())
         s["numel_y"] += y_ref.numel()
-        saved_gen = lin.generator
-        lin.generator = gen  # stochastic rounding here must not consume the training stream
-        compiled = self.cfg.compiled_quantizers
-        try:
-            for f in self.cfg.formats:
-                y_q, dx_q, dw_q = quantized_gemms(lin, x, g, GemmPrecision.uniform(f), compiled=compiled)
-                e_y, e_dx, e_dw = y_q - y_ref, dx_q - dx_ref, dw_q - dw_ref
-                pf = s["per_format"][f]
-                dot = float((g * e_y).sum())
-                pf["grad_dot_ey"] += dot
-                pf["abs_grad_dot_ey"] += abs(dot)
-                pf["sq_ey"] += float(e_y.pow(2).sum())
-                pf["sq_edx"] += float(e_dx.pow(2).sum())
-                edw_acc[f] = edw_acc[f] + e_dw if f in edw_acc else e_dw
-                pf["sq_qerr_x"] += operand_error(lin, x, w, f, "x", compiled=compiled)
-                pf["sq_qerr_g"] += operand_error(lin, g, w, f, "g", compiled=compiled)
-                if first_batch:  # W is the same for every probe batch
-                    pf["sq_qerr_w"] = operand_error(lin, x, w, f, "w", compiled=compiled)
-        finally:
-            lin.generator = saved_gen
+        # Stochastic rounding here draws from ``gen``: it must not consume the training stream.
+        q = {"generator": gen, "compiled": self.cfg.compiled_quantizers}
+        for f in self.cfg.formats:
+            y_q, dx_q, dw_q = quantized_gemms(lin, x, g, GemmPrecision.uniform(f), **q)
+            e_y, e_dx, e_dw = y_q - y_ref, dx_q - dx_ref, dw_q - dw_ref
+            pf = s["per_format"][f]
+            dot = float((g * e_y).sum())
+            pf["grad_dot_ey"] += dot
+            pf["abs_grad_dot_ey"] += abs(dot)
+            pf["sq_ey"] += float(e_y.pow(2).sum())
+            pf["sq_edx"] += float(e_dx.pow(2).sum())
+            edw_acc[f] = edw_acc[f] + e_dw if f in edw_acc else e_dw
+            pf["sq_qerr_x"] += operand_error(lin, x, w, f, "x", **q)
+            pf["sq_qerr_g"] += operand_error(lin, g, w, f, "g", **q)
+            if first_batch:  # W is the same for every probe batch
+                pf["sq_qerr_w"] = operand_error(lin, x, w, f, "w", **q)
 
     def _harshest(self, sums: dict[str, dict[str, Any]]) -> str:
         """The candidate format with the largest total forward error (normalization and noise scale)."""
@@ -396,29 +392,30 @@ class StatsCollector:
 
 
 def quantized_gemms(lin: PrecisionLinear, x_tk: torch.Tensor, g_tn: torch.Tensor, precision: GemmPrecision, *,
+                    generator: torch.Generator | None = None,
                     compiled: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(Y, dX, dW) of the linear's three GEMMs in ``precision`` on stored X (T, K) and G (T, N).
 
     Run by the emulated formats (``quant_linear``, the numerics reference of every backend and
-    the emulated backend's own GEMM) with the layer's TP amax reduction and generator, on a
-    detached copy of W: Transformer Engine's module API could only run them through the
-    training ``te.Linear`` and its weight Parameter (``TEBackend.linear``).
+    the emulated backend's own GEMM) with the layer's TP amax reduction, on a detached copy of
+    W: Transformer Engine's module API could only run them through the training ``te.Linear``
+    and its weight Parameter (``TEBackend.linear``). ``generator`` drives stochastic rounding.
     """
     with torch.enable_grad():
         x = x_tk.detach().requires_grad_(True)
         w = lin.weight.detach().float().requires_grad_(True)
-        y = quant_linear(x, w, precision, amax_reduce=lin.amax_reduce, generator=lin.generator, compiled=compiled)
+        y = quant_linear(x, w, precision, amax_reduce=lin.amax_reduce, generator=generator, compiled=compiled)
         dx, dw = torch.autograd.grad(y, (x, w), g_tn)
     return y.detach().float(), dx.float(), dw.float()
 
 
 def operand_error(lin: PrecisionLinear, x_tk: torch.Tensor, w_nk: torch.Tensor, fmt: str, which: str, *,
-                  compiled: bool = False) -> float:
+                  generator: torch.Generator | None = None, compiled: bool = False) -> float:
     """‖Q(a) - a‖² of one operand as its GEMM quantizes it (x, w: fprop blocking along K; g: dgrad along N)."""
     if fmt == "bf16":
         return 0.0
     a, op = {"x": (x_tk, Operand.ACTIVATION), "w": (w_nk, Operand.WEIGHT), "g": (x_tk, Operand.GRADIENT)}[which]
-    q = quantize(a, fmt, op, generator=lin.generator, amax_reduce=lin.amax_reduce, compiled=compiled)
+    q = quantize(a, fmt, op, generator=generator, amax_reduce=lin.amax_reduce, compiled=compiled)
     return float((q - a).pow(2).sum())
 
 
