@@ -8,8 +8,9 @@ each with its own loss L_b, G_b = ∂L_b/∂Y_b):
         ΔW_wgrad = ‖ē_dW(f) ⊘ (√v̂+eps)‖ / ‖u‖          (this layer's own update error)
         ΔW_dgrad = γ_ℓ · ‖ē_dX(f)‖ / ‖u‖               (error propagated to earlier layers)
 
-where κ_ℓ = curv_num / curv_den (Hutchinson, one-sided against the reference pass), γ_ℓ = sqrt(num / den) of the propagation pass
-(preconditioned gain of a unit upstream gradient), ḡ, ē the probe-mean gradient and errors.
+where κ_ℓ = curv_num / curv_den (Hutchinson, one-sided against the reference pass),
+γ_ℓ = sqrt(num / den) of the propagation pass (preconditioned gain of a unit upstream
+gradient), ḡ, ē the probe-mean gradient and errors.
 Each metric is then divided by its total over all linears at the harshest candidate
 format, so both are fractions of comparable size, and the cost of a GEMM is
 

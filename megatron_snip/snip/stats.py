@@ -92,7 +92,7 @@ class ProbeConfig:
     noise_draws: int = 2
     propagation_sequences: int = 1  # sequences of the first probe micro-batch used by pass 3
     seed: int = 0
-    compiled_quantizers: bool = False  # precision.compile_quantizers: the operand-error quantizers' mode
+    compiled_quantizers: bool = False  # precision.compile_quantizers: the mode of the error measurements' quantizers
 
 
 class StatsCollector:
@@ -161,7 +161,7 @@ class StatsCollector:
         """Statistics of ``trainer.model`` on ``probe_batches`` (each (B, S+1) tokens).
 
         ``noise_passes=False`` runs only pass 1 (norms and measured errors: all the local-error
-        baseline ``min_rel_err`` needs, ~2/5 of the cost); the snapshot then has no curvature or
+        baseline ``min_rel_err`` needs, ~3/5 of the cost on `tiny`); the snapshot then has no curvature or
         propagation and says so in ``"noise_passes"`` (``metrics.snip_costs`` refuses it).
         """
         model, optimizer = trainer.model, trainer.optimizer

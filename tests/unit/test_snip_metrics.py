@@ -156,7 +156,6 @@ def test_normalized_costs_and_baseline_costs():
     assert snap["linears"]["0.fc1"]["per_format"]["nvfp4"]["sq_qerr_w"] > 0
 
 
-
 def test_errors_only_collection_matches_the_full_one_and_is_refused_by_snip():
     """min_rel_err's statistics (pass 1 only) equal the full collection's errors; snip refuses them."""
     tr = QuadraticTrainer(two=True)
