@@ -56,7 +56,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from megatron_snip.config import load_config
     from megatron_snip.precision.gemm import tune_cpu_malloc
-    from megatron_snip.snip.stats import ProbeConfig, StatsCollector, _flat, _frozen_weights, _Record, key_of
+    from megatron_snip.snip.stats import (
+        ProbeConfig,
+        StatsCollector,
+        _flat,
+        _frozen_weights,
+        _Record,
+        forward_noise_sigma,
+        key_of,
+    )
 
     tune_cpu_malloc()
     cfg = load_config(args.config, ["training.run_dir=/tmp/exp_curvature/run", "snip.enabled=false"])
@@ -70,8 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     linears = list(tr.model.precision_linears())
     keys = [key_of(lin) for lin in linears]
     harshest = collector._harshest(sums)
-    sigma = {k: args.sigma_scale * math.sqrt(sums[k]["per_format"][harshest]["sq_ey"] / sums[k]["numel_y"])
-             for k in keys}
+    sigma = {k: args.sigma_scale * forward_noise_sigma(sums[k], harshest) for k in keys}
     gen = torch.Generator().manual_seed(7)
 
     def grads(noise):

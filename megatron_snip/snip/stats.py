@@ -238,9 +238,7 @@ class StatsCollector:
         t0 = time.perf_counter()
         harshest = self._harshest(sums)
         for k in keys:
-            s = sums[k]
-            # Noise at the scale of the error being priced: ‖e_Y(harshest)‖ / sqrt(T·N) per element.
-            s["noise_sigma"] = math.sqrt(s["per_format"][harshest]["sq_ey"] / max(1.0, s["numel_y"]))
+            sums[k]["noise_sigma"] = forward_noise_sigma(sums[k], harshest)
         for tokens, g_ref in zip(probe_batches, reference_g):
             for _ in range(self.cfg.noise_draws):
                 noise = {k: torch.randn(g_ref[k].shape, generator=gen, device=trainer.device) * sums[k]["noise_sigma"]
@@ -389,6 +387,12 @@ class StatsCollector:
                       for p, g, g0 in zip(params, grads, reference) if g is not None and g0 is not None)
             out[key] = {"num": num, "den": den}
         return out
+
+
+def forward_noise_sigma(s: dict[str, Any], harshest: str) -> float:
+    """σ of pass 2's noise on one linear's Y: the scale of the error being priced,
+    ‖e_Y(harshest)‖ / sqrt(T·N) per element (``s``: that linear's pass-1 sums)."""
+    return math.sqrt(s["per_format"][harshest]["sq_ey"] / max(1.0, s["numel_y"]))
 
 
 def quantized_gemms(lin: PrecisionLinear, x_tk: torch.Tensor, g_tn: torch.Tensor, precision: GemmPrecision, *,
