@@ -107,6 +107,9 @@ class SnipConfig:
     warmup: int = 10  # first re-plan at this step
     interval: int = 20  # then every `interval` steps
     probe_batches: int = 2  # micro-batches the statistics are averaged over
+    # Sequences per probe micro-batch; 0 = training.micro_batch_size. Smaller is cheaper and noisier
+    # (docs/snip.md, "Probe size": on tiny, 1 sequence re-plans in 1.6 steps but plans worse).
+    probe_micro_batch_size: int = 0
     weight_divergence_weight: float = 1.0  # lambda in sum(dL + lambda * dW)
     noise_draws: int = 2  # forward-noise passes per probe batch (curvature, one-sided vs the reference pass)
     propagation_sequences: int = 1  # sequences of the first probe batch for the exact dgrad-propagation pass
@@ -120,6 +123,9 @@ class SnipConfig:
             raise _err("snip.granularity", self.granularity, "choose 'layer' or 'gemm'")
         if self.warmup < 0:
             raise _err("snip.warmup", self.warmup, "must be >= 0")
+        if self.probe_micro_batch_size < 0:
+            raise _err("snip.probe_micro_batch_size", self.probe_micro_batch_size,
+                       "must be >= 0 (sequences per probe micro-batch; 0 = training.micro_batch_size)")
         _positive("snip", self, "interval", "probe_batches", "noise_draws", "propagation_sequences", "solver_max_time")
         if self.weight_divergence_weight < 0:
             raise _err("snip.weight_divergence_weight", self.weight_divergence_weight, "must be >= 0")
@@ -267,6 +273,11 @@ class Config:
         if t.global_batch_size % (t.micro_batch_size * dp):
             raise _err("training.global_batch_size", t.global_batch_size,
                        f"must be a multiple of micro_batch_size*dp = {t.micro_batch_size}*{dp}")
+        probe_size = self.snip.probe_micro_batch_size or t.micro_batch_size
+        if self.snip.enabled and self.snip.propagation_sequences > probe_size:
+            raise _err("snip.propagation_sequences", self.snip.propagation_sequences,
+                       f"exceeds the probe micro-batch ({probe_size} sequences, snip.probe_micro_batch_size or "
+                       "training.micro_batch_size); lower it or enlarge the probe")
         if self.snip.enabled and self.snip.fp4_target > 0:
             from megatron_snip.precision.formats import FP4_FORMATS
 

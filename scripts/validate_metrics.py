@@ -27,6 +27,7 @@ import torch
 
 from megatron_snip.config import load_config
 from megatron_snip.precision.plan import GemmPrecision
+from megatron_snip.snip.controller import draw_micro_batches
 from megatron_snip.snip.metrics import curvature, linear_divergences, propagation_gain
 from megatron_snip.snip.stats import ProbeConfig, StatsCollector, key_of
 from megatron_snip.training.trainer import Trainer
@@ -80,46 +81,83 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-dir", default="runs/validate_metrics")
     ap.add_argument("--formats", default="fp8,nvfp4,mxfp4")
     ap.add_argument("--probe-batches", type=int, default=4)
+    ap.add_argument("--probe-micro-batch-size", type=int, default=0,
+                    help="sequences per probe micro-batch (snip.probe_micro_batch_size; 0 = training micro-batch)")
     ap.add_argument("--noise-draws", type=int, default=2)
     ap.add_argument("--truth-batches", type=int, default=8, help="held-out batches for the ground truth")
     ap.add_argument("--out", default="docs/validation")
     args = ap.parse_args(argv)
 
     formats = tuple(args.formats.split(","))
-    cfg = load_config(args.config, args.overrides + [
-        f"training.max_steps={args.steps}", f"training.run_dir={args.run_dir}", "training.resume=true",
-        "snip.enabled=false", "precision.initial_plan=bf16", "training.progress=false"])
-    trainer = Trainer(cfg)
-    if trainer.step < args.steps:
-        trainer.fit()
-    model, device = trainer.model, trainer.device
-    linears = list(model.precision_linears())
-    t = cfg.training
+    trainer = trained_trainer(args.config, args.overrides, args.steps, args.run_dir)
+    t = trainer.cfg.training
 
     # Predictions, exactly as the controller computes them.
     t0 = time.perf_counter()
-    collector = StatsCollector(ProbeConfig(formats=formats, noise_draws=args.noise_draws, seed=cfg.snip.seed,
-                                           compiled_quantizers=cfg.precision.compile_quantizers))
-    probe = [trainer.data.train.batch(args.steps * t.global_batch_size + i * t.micro_batch_size, t.micro_batch_size).to(device)
-             for i in range(args.probe_batches)]
+    collector = StatsCollector(ProbeConfig(formats=formats, noise_draws=args.noise_draws, seed=trainer.cfg.snip.seed,
+                                           compiled_quantizers=trainer.cfg.precision.compile_quantizers))
+    probe = draw_micro_batches(trainer.data.train, args.steps * t.global_batch_size, args.probe_batches,
+                               args.probe_micro_batch_size or t.micro_batch_size, trainer.device)
     snapshot = collector.collect(trainer, probe, trainer.step)
-    div = linear_divergences(snapshot)
     stats_s = time.perf_counter() - t0
 
-    # Ground truth on held-out batches (the validation split of the training corpus).
-    valid = trainer.data.valid["valid"]
-    held = [valid.batch(i * t.micro_batch_size, t.micro_batch_size).to(device) for i in range(args.truth_batches)]
-    params = list(model.parameters())
     t0 = time.perf_counter()
+    truth = ground_truth(trainer, formats, args.truth_batches)
+    truth_s = time.perf_counter() - t0
+    rows = [{**row, **predictions(snapshot, row["linear"], row["format"])} for row in truth]
+    corr = correlations(rows, formats)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"command": "python " + " ".join([sys.argv[0], *(argv or sys.argv[1:])]), "steps": args.steps,
+              "probe_batches": args.probe_batches, "probe_micro_batch_size": args.probe_micro_batch_size,
+              "noise_draws": args.noise_draws, "truth_batches": args.truth_batches,
+              "stats_seconds": stats_s, "truth_seconds": truth_s, "spearman": corr, "rows": rows,
+              "stats_timings": snapshot["timings"]}
+    (out / "results.json").write_text(json.dumps(result, indent=1))
+    plot(rows, formats, out / "scatter.png")
+    lines = ["| format | " + " | ".join(f"{p} vs {q}" for p, q in PAIRS) + " |", "|---" * (len(PAIRS) + 1) + "|"]
+    for f, c in corr.items():
+        lines.append(f"| {f} | " + " | ".join(f"{c[f'{p}~{q}']:.2f}" for p, q in PAIRS) + " |")
+    table = "\n".join(lines)
+    (out / "summary.md").write_text(f"Spearman rank correlation, predicted vs measured ({len(truth) // len(formats)} linears).\n\n"
+                                    f"Command: `{result['command']}`\n\n{table}\n")
+    print(table)
+    print(f"statistics {stats_s:.1f}s, ground truth {truth_s:.1f}s; wrote {out}/results.json, scatter.png, summary.md")
+    trainer.logger.close()
+    return 0
+
+
+# (predicted, measured) pairs whose Spearman correlation the validation reports.
+PAIRS = [("dL_pred", "dL_true"), ("dL_pred_first", "dL_true"), ("dL_pred_second", "dL_true"), ("rel_err_y", "dL_true"),
+         ("dW_pred", "dW_true"), ("dW_pred_wgrad", "dW_true_wgrad"), ("dW_pred_dgrad", "dW_true_dgrad")]
+
+
+def trained_trainer(config: str, overrides: list[str], steps: int, run_dir: str) -> Trainer:
+    """A BF16 trainer at ``steps`` (resumed from ``run_dir`` when it has a checkpoint, else trained there)."""
+    cfg = load_config(config, overrides + [
+        f"training.max_steps={steps}", f"training.run_dir={run_dir}", "training.resume=true",
+        "snip.enabled=false", "precision.initial_plan=bf16", "training.progress=false"])
+    trainer = Trainer(cfg)
+    if trainer.step < steps:
+        trainer.fit()
+    return trainer
+
+
+def ground_truth(trainer: Trainer, formats: tuple[str, ...], truth_batches: int) -> list[dict]:
+    """Measured effects on the first ``truth_batches`` held-out micro-batches, one row per
+    (linear, format): dL_true (fprop in f), dW_true (dgrad+wgrad in f), dW_true_wgrad, dW_true_dgrad."""
+    t = trainer.cfg.training
+    valid = trainer.data.valid["valid"]
+    held = draw_micro_batches(valid, 0, truth_batches, t.micro_batch_size, trainer.device)
+    params = list(trainer.model.parameters())
     with torch.no_grad():
         base_loss = [float(trainer.forward_loss(x)) for x in held]
     base_updates = [adam_update(trainer.optimizer, params, gradients(trainer, x)) for x in held]
-
     rows = []
-    for lin in linears:
-        key = key_of(lin)
+    for lin in trainer.model.precision_linears():
         for f in formats:
-            row = {"linear": key, "format": f}
+            row = {"linear": key_of(lin), "format": f}
             lin.set_precision(GemmPrecision(fprop=f))
             with torch.no_grad():
                 row["dL_true"] = float(np.mean([float(trainer.forward_loss(x)) - b for x, b in zip(held, base_loss)]))
@@ -130,38 +168,26 @@ def main(argv: list[str] | None = None) -> int:
                         for x, u in zip(held, base_updates)]
                 row[name] = float(np.mean(devs))
             lin.set_precision(GemmPrecision())
-            d = div[key][f]
-            row.update(dL_pred=d.loss, dL_pred_first=d.loss_first_order, dL_pred_second=d.loss_second_order,
-                       dW_pred=d.weight, dW_pred_wgrad=d.weight_wgrad, dW_pred_dgrad=d.weight_dgrad,
-                       curvature=curvature(snapshot["linears"][key]), prop_gain=propagation_gain(snapshot, key),
-                       rel_err_y=math.sqrt(snapshot["linears"][key]["per_format"][f]["sq_ey"] / snapshot["linears"][key]["sq_y"]))
             rows.append(row)
-    truth_s = time.perf_counter() - t0
+    return rows
 
-    pairs = [("dL_pred", "dL_true"), ("dL_pred_first", "dL_true"), ("dL_pred_second", "dL_true"), ("rel_err_y", "dL_true"),
-             ("dW_pred", "dW_true"), ("dW_pred_wgrad", "dW_true_wgrad"), ("dW_pred_dgrad", "dW_true_dgrad")]
+
+def predictions(snapshot: dict, key: str, fmt: str) -> dict[str, float]:
+    """What a snapshot predicts for one (linear, format), under the names ``PAIRS`` uses."""
+    d = linear_divergences(snapshot)[key][fmt]
+    s = snapshot["linears"][key]
+    return dict(dL_pred=d.loss, dL_pred_first=d.loss_first_order, dL_pred_second=d.loss_second_order,
+                dW_pred=d.weight, dW_pred_wgrad=d.weight_wgrad, dW_pred_dgrad=d.weight_dgrad,
+                curvature=curvature(s), prop_gain=propagation_gain(snapshot, key),
+                rel_err_y=math.sqrt(s["per_format"][fmt]["sq_ey"] / s["sq_y"]))
+
+
+def correlations(rows: list[dict], formats: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """Spearman ρ of every ``PAIRS`` entry, per format and over all rows ("all")."""
     corr = {f: {f"{p}~{q}": spearman([r[p] for r in rows if r["format"] == f], [r[q] for r in rows if r["format"] == f])
-                for p, q in pairs} for f in formats}
-    corr["all"] = {f"{p}~{q}": spearman([r[p] for r in rows], [r[q] for r in rows]) for p, q in pairs}
-
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    result = {"command": "python " + " ".join([sys.argv[0], *(argv or sys.argv[1:])]), "steps": args.steps,
-              "probe_batches": args.probe_batches, "noise_draws": args.noise_draws, "truth_batches": args.truth_batches,
-              "stats_seconds": stats_s, "truth_seconds": truth_s, "spearman": corr, "rows": rows,
-              "stats_timings": snapshot["timings"]}
-    (out / "results.json").write_text(json.dumps(result, indent=1))
-    plot(rows, formats, out / "scatter.png")
-    lines = ["| format | " + " | ".join(f"{p} vs {q}" for p, q in pairs) + " |", "|---" * (len(pairs) + 1) + "|"]
-    for f, c in corr.items():
-        lines.append(f"| {f} | " + " | ".join(f"{c[f'{p}~{q}']:.2f}" for p, q in pairs) + " |")
-    table = "\n".join(lines)
-    (out / "summary.md").write_text(f"Spearman rank correlation, predicted vs measured ({len(linears)} linears).\n\n"
-                                    f"Command: `{result['command']}`\n\n{table}\n")
-    print(table)
-    print(f"statistics {stats_s:.1f}s, ground truth {truth_s:.1f}s; wrote {out}/results.json, scatter.png, summary.md")
-    trainer.logger.close()
-    return 0
+                for p, q in PAIRS} for f in formats}
+    corr["all"] = {f"{p}~{q}": spearman([r[p] for r in rows], [r[q] for r in rows]) for p, q in PAIRS}
+    return corr
 
 
 def plot(rows: list[dict], formats: tuple[str, ...], path: Path) -> None:

@@ -40,6 +40,12 @@ def is_replan_step(step: int, warmup: int, interval: int) -> bool:
     return step >= warmup and (step - warmup) % interval == 0
 
 
+def draw_micro_batches(dataset: Any, start: int, count: int, size: int, device: torch.device) -> list[torch.Tensor]:
+    """``count`` consecutive micro-batches of ``size`` sequences from sequence ``start`` of
+    ``dataset``, each (size, S+1) tokens on ``device``."""
+    return [dataset.batch(start + i * size, size).to(device) for i in range(count)]
+
+
 class SnipController:
     """Trainer callback making and applying precision plans (see module docstring)."""
 
@@ -82,12 +88,12 @@ class SnipController:
         return self.spec.name in ("snip", "min_rel_err")
 
     def probe_batches(self, trainer: Any, step: int) -> list[torch.Tensor]:
-        """``snip.probe_batches`` micro-batches starting at this step's data (this DP rank's share)."""
-        t = self.cfg.training
-        n = self.cfg.snip.probe_batches
-        start = step * t.global_batch_size + trainer.topo.dp_rank * n * t.micro_batch_size
-        return [trainer.data.train.batch(start + i * t.micro_batch_size, t.micro_batch_size).to(trainer.device)
-                for i in range(n)]
+        """``snip.probe_batches`` micro-batches of ``snip.probe_micro_batch_size`` sequences
+        starting at this step's data (this DP rank's share)."""
+        t, s = self.cfg.training, self.cfg.snip
+        size = s.probe_micro_batch_size or t.micro_batch_size
+        start = step * t.global_batch_size + trainer.topo.dp_rank * s.probe_batches * size
+        return draw_micro_batches(trainer.data.train, start, s.probe_batches, size, trainer.device)
 
     def replan(self, trainer: Any, step: int) -> PrecisionPlan:
         """Collect (every rank) -> reduce -> metrics + solve (global rank 0) -> broadcast -> apply

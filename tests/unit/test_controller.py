@@ -4,7 +4,10 @@ Also the offline planner on a snapshot the controller wrote."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+
+import torch
 
 from megatron_snip.config import load_config
 from megatron_snip.precision.plan import PrecisionPlan
@@ -54,6 +57,25 @@ def _losses(run_dir):
 
 def test_schedule():
     assert [s for s in range(40) if is_replan_step(s, 10, 20)] == [10, 30]
+
+
+def test_probe_micro_batches_follow_the_config(small_overrides):
+    """snip.probe_micro_batch_size sets the probe's micro-batches (0: the training micro-batch); they
+    are consecutive sequences from the step's data, this DP rank's share after the ranks before it."""
+    cfg = load_config(TINY, small_overrides + SNIP + ["snip.probe_batches=2", "snip.probe_micro_batch_size=3"])
+    tr = Trainer(cfg)
+    t, step = cfg.training, 4
+    probe = SnipController(cfg, tr).probe_batches(tr, step)
+    assert [tuple(b.shape) for b in probe] == [(3, t.seq_len + 1)] * 2
+    assert torch.equal(torch.cat(probe), tr.data.train.batch(step * t.global_batch_size, 6))
+    tr.topo = dataclasses.replace(tr.topo, dp_rank=1)
+    assert torch.equal(SnipController(cfg, tr).probe_batches(tr, step)[0],
+                       tr.data.train.batch(step * t.global_batch_size + 6, 3))
+
+    default = load_config(TINY, small_overrides + SNIP)
+    assert [tuple(b.shape) for b in SnipController(default, tr).probe_batches(tr, step)] == \
+        [(t.micro_batch_size, t.seq_len + 1)]
+    tr.logger.close()
 
 
 def test_controller_plans_records_and_resumes(small_overrides, tmp_path):
