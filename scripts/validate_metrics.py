@@ -106,19 +106,29 @@ def main(argv: list[str] | None = None) -> int:
     truth_s = time.perf_counter() - t0
     rows = [{**row, **predictions(snapshot, row["linear"], row["format"])} for row in truth]
     corr = correlations(rows, formats)
+    reliability = truth_reliability(rows, formats) if args.truth_batches >= 2 else None
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result = {"command": "python " + " ".join([sys.argv[0], *(argv or sys.argv[1:])]), "steps": args.steps,
               "probe_batches": args.probe_batches, "probe_micro_batch_size": args.probe_micro_batch_size,
               "noise_draws": args.noise_draws, "truth_batches": args.truth_batches,
-              "stats_seconds": stats_s, "truth_seconds": truth_s, "spearman": corr, "rows": rows,
+              "stats_seconds": stats_s, "truth_seconds": truth_s, "spearman": corr,
+              "truth_reliability": reliability, "rows": rows,
               "stats_timings": snapshot["timings"]}
     (out / "results.json").write_text(json.dumps(result, indent=1))
     plot(rows, formats, out / "scatter.png")
     lines = ["| format | " + " | ".join(f"{p} vs {q}" for p, q in PAIRS) + " |", "|---" * (len(PAIRS) + 1) + "|"]
     for f, c in corr.items():
         lines.append(f"| {f} | " + " | ".join(f"{c[f'{p}~{q}']:.2f}" for p, q in PAIRS) + " |")
+    if reliability is not None:
+        lines += ["", "Reliability of the ground truth (Spearman between its means over even and odd held-out batches;",
+                  "stepped up to all batches by Spearman-Brown):", "",
+                  "| format | ΔL_true split-half | ΔL_true all batches | ΔW_true split-half | ΔW_true all batches |",
+                  "|---|---|---|---|---|"]
+        for f, r in reliability.items():
+            lines.append(f"| {f} | {r['dL_true']['split_half']:.2f} | {r['dL_true']['full']:.2f} | "
+                         f"{r['dW_true']['split_half']:.2f} | {r['dW_true']['full']:.2f} |")
     table = "\n".join(lines)
     (out / "summary.md").write_text(f"Spearman rank correlation, predicted vs measured ({len(truth) // len(formats)} linears).\n\n"
                                     f"Command: `{result['command']}`\n\n{table}\n")
@@ -146,7 +156,8 @@ def trained_trainer(config: str, overrides: list[str], steps: int, run_dir: str)
 
 def ground_truth(trainer: Trainer, formats: tuple[str, ...], truth_batches: int) -> list[dict]:
     """Measured effects on the first ``truth_batches`` held-out micro-batches, one row per
-    (linear, format): dL_true (fprop in f), dW_true (dgrad+wgrad in f), dW_true_wgrad, dW_true_dgrad."""
+    (linear, format): dL_true (fprop in f), dW_true (dgrad+wgrad in f), dW_true_wgrad, dW_true_dgrad
+    (means over the batches), and each batch's value under ``"per_batch"``."""
     t = trainer.cfg.training
     valid = trainer.data.valid["valid"]
     held = draw_micro_batches(valid, 0, truth_batches, t.micro_batch_size, trainer.device)
@@ -160,14 +171,15 @@ def ground_truth(trainer: Trainer, formats: tuple[str, ...], truth_batches: int)
             row = {"linear": key_of(lin), "format": f}
             lin.set_precision(GemmPrecision(fprop=f))
             with torch.no_grad():
-                row["dL_true"] = float(np.mean([float(trainer.forward_loss(x)) - b for x, b in zip(held, base_loss)]))
+                per_batch = {"dL_true": [float(trainer.forward_loss(x)) - b for x, b in zip(held, base_loss)]}
             for name, prec in (("dW_true", GemmPrecision(dgrad=f, wgrad=f)), ("dW_true_wgrad", GemmPrecision(wgrad=f)),
                                ("dW_true_dgrad", GemmPrecision(dgrad=f))):
                 lin.set_precision(prec)
-                devs = [float((adam_update(trainer.optimizer, params, gradients(trainer, x)) - u).norm() / u.norm())
-                        for x, u in zip(held, base_updates)]
-                row[name] = float(np.mean(devs))
+                per_batch[name] = [float((adam_update(trainer.optimizer, params, gradients(trainer, x)) - u).norm() / u.norm())
+                                   for x, u in zip(held, base_updates)]
             lin.set_precision(GemmPrecision())
+            row.update({name: float(np.mean(v)) for name, v in per_batch.items()})
+            row["per_batch"] = per_batch
             rows.append(row)
     return rows
 
@@ -188,6 +200,26 @@ def correlations(rows: list[dict], formats: tuple[str, ...]) -> dict[str, dict[s
                 for p, q in PAIRS} for f in formats}
     corr["all"] = {f"{p}~{q}": spearman([r[p] for r in rows], [r[q] for r in rows]) for p, q in PAIRS}
     return corr
+
+
+def truth_reliability(rows: list[dict], formats: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """How reproducible the ground truth's ranking is: per format (and "all") and truth quantity,
+    the Spearman ρ between its means over the even and the odd held-out batches (split half),
+    and that stepped up to the full set of batches by Spearman-Brown, 2ρ/(1+ρ). A prediction
+    cannot be expected to correlate with the truth much beyond √(stepped-up ρ)."""
+    def halves(r: dict, q: str) -> tuple[float, float]:
+        v = r["per_batch"][q]
+        return float(np.mean(v[0::2])), float(np.mean(v[1::2]))
+
+    out = {}
+    for f in (*formats, "all"):
+        sel = [r for r in rows if f in ("all", r["format"])]
+        out[f] = {}
+        for q in ("dL_true", "dW_true"):
+            a, b = zip(*(halves(r, q) for r in sel))
+            rho = spearman(list(a), list(b))
+            out[f][q] = {"split_half": rho, "full": 2 * rho / (1 + rho) if rho > -1 else float("nan")}
+    return out
 
 
 def plot(rows: list[dict], formats: tuple[str, ...], path: Path) -> None:
