@@ -32,8 +32,9 @@ Protocol (every option below has a default; ``--dry-list`` prints the resolved p
 
 Each training run is a subprocess (``python -m megatron_snip.train``) with a timeout, logging to
 ``<out-dir>/<run>/train.log``; when it ends, one JSON line goes to ``<out-dir>/results.jsonl``.
-A rerun skips runs whose latest record is ``ok`` with the same configuration hash, and restarts
-any other run from scratch. The report (``--report``) is regenerated at the end of every
+A rerun skips runs whose latest record is ``ok`` with the same resolved configuration
+(``same_config``: fields added to ``Config`` since, at their defaults, do not count), and
+restarts any other run from scratch. The report (``--report``) is regenerated at the end of every
 invocation.
 """
 
@@ -41,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import hashlib
 import json
 import math
 import os
@@ -55,6 +55,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -64,7 +65,7 @@ sys.path.insert(0, str(REPO))
 
 from plot_run import load_run  # scripts/plot_run.py: the metrics.jsonl reader
 
-from megatron_snip.config import load_config, parse_override
+from megatron_snip.config import Config, load_config, parse_override
 from megatron_snip.data.pipeline import corpus_name
 from megatron_snip.precision.formats import FORMATS, FP4_FORMATS
 from megatron_snip.snip.policies import parse_policy
@@ -243,11 +244,33 @@ def config_path(p: Protocol) -> Path:
     return path if path.is_file() or path.is_absolute() else REPO / path
 
 
-def config_hash(spec: RunSpec, p: Protocol) -> str:
-    """Identity of a run's configuration: the resolved config (file + overrides, the run dir
-    left out), so that a changed value makes a recorded run stale but an edited comment does not."""
+def resolved_config(spec: RunSpec, p: Protocol) -> dict[str, dict[str, Any]]:
+    """Identity of a run's configuration, as its record stores it: the resolved config (file +
+    overrides, the run dir left out) as {section: {field: value}}, JSON-normalized."""
     cfg = load_config(config_path(p), run_overrides(spec, p, Path("RUN_DIR")))
-    return hashlib.sha256(cfg.to_toml().encode()).hexdigest()[:16]
+    return json.loads(json.dumps(cfg.to_dict()))
+
+
+_DEFAULTS = json.loads(json.dumps(Config().to_dict()))
+
+
+def same_config(recorded: Mapping[str, Mapping[str, Any]] | None, current: Mapping[str, Mapping[str, Any]]) -> bool:
+    """Was a recorded run made with the ``current`` configuration? Every field the record has
+    must be equal (so a changed value or default makes the run stale, an edited comment does
+    not), and a field it lacks must be at its default: it was added to ``Config`` after the
+    run, and a new field's default keeps the old behaviour. A recorded field that no longer
+    exists makes the run stale."""
+    if not recorded:
+        return False
+    for section, values in current.items():
+        old = recorded.get(section, {})
+        for key, value in values.items():
+            if key in old:
+                if old[key] != value:
+                    return False
+            elif value != _DEFAULTS[section][key]:
+                return False
+    return all(key in current.get(section, {}) for section, values in recorded.items() for key in values)
 
 
 # ======================================================================================
@@ -298,7 +321,7 @@ def latest_records(records: Iterable[dict]) -> dict[str, dict]:
 def is_done(spec: RunSpec, p: Protocol, latest: Mapping[str, dict]) -> bool:
     """True if ``spec`` finished ok under the same configuration (a rerun skips it)."""
     rec = latest.get(spec.name)
-    return rec is not None and rec.get("status") == "ok" and rec.get("config_hash") == config_hash(spec, p)
+    return rec is not None and rec.get("status") == "ok" and same_config(rec.get("config"), resolved_config(spec, p))
 
 
 def current_results(p: Protocol, records: Iterable[dict]) -> list[dict]:
@@ -309,7 +332,7 @@ def current_results(p: Protocol, records: Iterable[dict]) -> list[dict]:
         specs.update({r.name: r for r in sweep_runs(p, dict.fromkeys(p.sweep_format_sets, base))})
     out = []
     for name, rec in latest.items():
-        if rec.get("status") == "ok" and name in specs and rec.get("config_hash") == config_hash(specs[name], p):
+        if rec.get("status") == "ok" and name in specs and same_config(rec.get("config"), resolved_config(specs[name], p)):
             out.append(rec)
     return out
 
@@ -384,7 +407,7 @@ def execute(spec: RunSpec, p: Protocol, out_dir: Path, *, threads: int, timeout_
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "WANDB_MODE": "disabled"}
     rec = {"name": spec.name, "policy": spec.policy, "formats": None if spec.formats is None else list(spec.formats),
            "rho": spec.rho, "seed": spec.seed, "group": spec.group, "steps": p.steps, "threads": threads,
-           "config_hash": config_hash(spec, p), "command": shlex.join(cmd), "run_dir": str(run_dir)}
+           "config": resolved_config(spec, p), "command": shlex.join(cmd), "run_dir": str(run_dir)}
     t0 = time.perf_counter()
     with open(run_dir / "train.log", "w") as log:
         log.write(rec["command"] + "\n\n")

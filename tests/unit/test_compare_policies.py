@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import statistics
@@ -109,18 +110,37 @@ def test_best_static_baseline_uses_training_domain_only():
 
 
 # --- resume -------------------------------------------------------------------------------
-def test_config_hash_follows_values_not_comments(tmp_path):
+def test_config_identity_follows_values_not_comments(tmp_path):
     """Editing a comment of the config file keeps recorded runs current; changing a value does not."""
     text = (REPO / "launch/configs/tiny.toml").read_text()
     assert "lr = 3e-3" in text
     variants = {"same": text, "comment": "# an edited comment\n" + text.replace("# tiny:", "# tiny (edited):"),
                 "value": text.replace("lr = 3e-3", "lr = 2e-3")}
-    hashes = {}
+    configs = {}
     for name, body in variants.items():
         (tmp_path / f"{name}.toml").write_text(body)
         p = small_protocol(config=str(tmp_path / f"{name}.toml"))
-        hashes[name] = cp.config_hash(cp.primary_runs(p)[0], p)
-    assert hashes["comment"] == hashes["same"] != hashes["value"]
+        configs[name] = cp.resolved_config(cp.primary_runs(p)[0], p)
+    assert cp.same_config(configs["same"], configs["comment"])
+    assert not cp.same_config(configs["same"], configs["value"])
+
+
+def test_config_identity_tolerates_new_fields_at_their_default():
+    """A record made before a field existed stays current while the field is at its default
+    (new fields keep the old behaviour); not once it is set, nor when a recorded field is gone."""
+    p = small_protocol()
+    current = cp.resolved_config(cp.primary_runs(p)[0], p)
+    assert current["snip"]["probe_micro_batch_size"] == 0  # a default
+    older = copy.deepcopy(current)
+    del older["snip"]["probe_micro_batch_size"]  # recorded before the field was added
+    assert cp.same_config(older, current)
+    changed = copy.deepcopy(current)
+    changed["snip"]["probe_micro_batch_size"] = 2
+    assert not cp.same_config(older, changed)
+    removed = copy.deepcopy(current)
+    removed["snip"]["a_field_since_removed"] = 1
+    assert not cp.same_config(removed, current)
+    assert not cp.same_config(None, current)
 
 
 def test_rerun_skips_only_finished_runs_with_the_same_config(tmp_path, monkeypatch):
@@ -128,17 +148,19 @@ def test_rerun_skips_only_finished_runs_with_the_same_config(tmp_path, monkeypat
     specs = cp.primary_runs(p)
     a, b, c, d = specs
     results = tmp_path / "results.jsonl"
-    records = [{"name": a.name, "status": "ok", "config_hash": cp.config_hash(a, p)},
-               {"name": b.name, "status": "failed", "config_hash": cp.config_hash(b, p)},
-               {"name": c.name, "status": "ok", "config_hash": "stale"},
-               {"name": d.name, "status": "ok", "config_hash": cp.config_hash(d, p)},
-               {"name": d.name, "status": "timeout", "config_hash": cp.config_hash(d, p)}]  # latest wins
+    stale = cp.resolved_config(c, p)
+    stale["training"]["lr"] *= 2
+    records = [{"name": a.name, "status": "ok", "config": cp.resolved_config(a, p)},
+               {"name": b.name, "status": "failed", "config": cp.resolved_config(b, p)},
+               {"name": c.name, "status": "ok", "config": stale},
+               {"name": d.name, "status": "ok", "config": cp.resolved_config(d, p)},
+               {"name": d.name, "status": "timeout", "config": cp.resolved_config(d, p)}]  # latest wins
     results.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"name": "torn')  # a torn last line
     calls = []
 
     def fake_execute(spec, p_, out_dir, **kw):
         calls.append(spec.name)
-        return {"name": spec.name, "status": "ok", "config_hash": cp.config_hash(spec, p_), "wall_s": 1.0}
+        return {"name": spec.name, "status": "ok", "config": cp.resolved_config(spec, p_), "wall_s": 1.0}
 
     monkeypatch.setattr(cp, "execute", fake_execute)
     cp.run_all(specs, p, tmp_path, jobs=2, threads=1, timeout_s=10, log=lambda *_: None)
