@@ -3,7 +3,12 @@ plan solved on rank 0, broadcast, and applied with the same hash everywhere.
 
 Exactness check: the fp8 forward error ‖e_Y‖² of the column-parallel linears (qkv, fc1) is a
 sum over output shards, and fp8's tensor scale is made whole-tensor by the TP amax reduction,
-so the reduced value must equal the single-process one up to fp32 summation order (1e-4).
+so the reduced value must equal the single-process one - up to rounding flips: the parallel
+run's activations differ from the single process's in the last fp32 bits (other summation
+orders in the all-reduces, e.g. of the global gradient norm for clipping), and an element on an
+fp8 rounding midpoint then rounds the other way. One such flip moved ‖e_Y‖² of 0.qkv by 1.1e-3
+(64 probe tokens; ‖Q(X)-X‖² does not move, the two roundings being equally far), so the
+tolerance is 1e-2: a lost or double-counted shard (-50%, +100%) still fails it.
 """
 
 from __future__ import annotations
@@ -51,7 +56,8 @@ def _worker(rank, world, overrides):
 
 
 def test_tp2_pp2_snip_replans_with_one_plan_everywhere(tmp_path):
-    common = BASE + [f"data.cache_dir={tmp_path / 'cache'}"]
+    # A probe micro-batch smaller than the training one: the pipeline's p2p shapes follow the probe.
+    common = BASE + [f"data.cache_dir={tmp_path / 'cache'}", "snip.probe_micro_batch_size=2"]
     ref = _train(None, common + [f"training.run_dir={tmp_path / 'ref'}"])
     par = run_ranks(_worker, 4, (common + [f"training.run_dir={tmp_path / 'par'}", "parallel.tp=2", "parallel.pp=2"],),
                     timeout_s=360)
@@ -66,7 +72,7 @@ def test_tp2_pp2_snip_replans_with_one_plan_everywhere(tmp_path):
         for key in ("0.qkv", "0.fc1", "1.qkv", "1.fc1"):
             got = snap["linears"][key]["per_format"]["fp8"]["sq_ey"]
             want = ref["snapshots"][0]["linears"][key]["per_format"]["fp8"]["sq_ey"]
-            assert got == pytest.approx(want, rel=1e-4), key
+            assert got == pytest.approx(want, rel=1e-2), key
 
 
 def _propagation_worker(rank, world, overrides):
