@@ -30,10 +30,10 @@ def test_truth_reliability_split_half():
     same = _rows([[1, 1.1, 1, 1.1], [2, 2.1, 2, 2.1], [3, 3.1, 3, 3.1], [4, 4.1, 4, 4.1]])
     r = validate_metrics.truth_reliability(same, ("nvfp4",))
     assert r["nvfp4"]["dL_true"] == {"split_half": 1.0, "full": 1.0} and r["all"]["dW_true"]["split_half"] == 1.0
-    # The odd batches rank them in reverse: ρ = -1, and stepping up a reliability of -1 is undefined.
+    # The odd batches rank them in reverse: ρ = -1, no reproducible ranking at all (reliability 0).
     reversed_ = _rows([[1, 4], [2, 3], [3, 2], [4, 1]])
     r = validate_metrics.truth_reliability(reversed_, ("nvfp4",))
-    assert r["nvfp4"]["dL_true"]["split_half"] == -1.0 and math.isnan(r["nvfp4"]["dL_true"]["full"])
+    assert r["nvfp4"]["dL_true"] == {"split_half": -1.0, "full": 0.0}
     # Two middle linears swap between halves: ρ = 0.9, stepped up by Spearman-Brown to 2*0.9/1.9.
     partial = _rows([[1, 1], [2, 3], [3, 2], [4, 4], [5, 5]])
     r = validate_metrics.truth_reliability(partial, ("nvfp4",))
