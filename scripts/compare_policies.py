@@ -262,15 +262,10 @@ def same_config(recorded: Mapping[str, Mapping[str, Any]] | None, current: Mappi
     exists makes the run stale."""
     if not recorded:
         return False
-    for section, values in current.items():
-        old = recorded.get(section, {})
-        for key, value in values.items():
-            if key in old:
-                if old[key] != value:
-                    return False
-            elif value != _DEFAULTS[section][key]:
-                return False
-    return all(key in current.get(section, {}) for section, values in recorded.items() for key in values)
+    if any(key not in current.get(section, {}) for section, values in recorded.items() for key in values):
+        return False
+    return all(recorded.get(section, {}).get(key, _DEFAULTS[section][key]) == value
+               for section, values in current.items() for key, value in values.items())
 
 
 # ======================================================================================
@@ -330,11 +325,7 @@ def current_results(p: Protocol, records: Iterable[dict]) -> list[dict]:
     specs = {r.name: r for r in primary_runs(p)}
     for base in STATIC_BASELINES:  # whichever baseline the sweep picked
         specs.update({r.name: r for r in sweep_runs(p, dict.fromkeys(p.sweep_format_sets, base))})
-    out = []
-    for name, rec in latest.items():
-        if rec.get("status") == "ok" and name in specs and same_config(rec.get("config"), resolved_config(specs[name], p)):
-            out.append(rec)
-    return out
+    return [rec for name, rec in latest.items() if name in specs and is_done(specs[name], p, latest)]
 
 
 def _fmt_key(formats) -> tuple[str, ...] | None:
