@@ -252,6 +252,10 @@ class Config:
     def data_parallel_size(self, world_size: int) -> int:
         return world_size // (self.parallel.tp * self.parallel.pp)
 
+    def probe_micro_batch_size(self) -> int:
+        """Sequences per SNIP probe micro-batch: ``snip.probe_micro_batch_size``, 0 meaning the training one."""
+        return self.snip.probe_micro_batch_size or self.training.micro_batch_size
+
     def validate(self, world_size: int = 1) -> Config:
         """Cross-field checks for a run on ``world_size`` ranks; returns self."""
         m, p, t = self.model, self.parallel, self.training
@@ -273,7 +277,7 @@ class Config:
         if t.global_batch_size % (t.micro_batch_size * dp):
             raise _err("training.global_batch_size", t.global_batch_size,
                        f"must be a multiple of micro_batch_size*dp = {t.micro_batch_size}*{dp}")
-        probe_size = self.snip.probe_micro_batch_size or t.micro_batch_size
+        probe_size = self.probe_micro_batch_size()
         if self.snip.enabled and self.snip.propagation_sequences > probe_size:
             raise _err("snip.propagation_sequences", self.snip.propagation_sequences,
                        f"exceeds the probe micro-batch ({probe_size} sequences, snip.probe_micro_batch_size or "

@@ -63,10 +63,7 @@ def summary(values: list[float]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default="launch/configs/tiny.toml")
-    ap.add_argument("--set", dest="overrides", action="append", default=[])
-    ap.add_argument("--steps", type=int, default=300, help="BF16 training steps of the checkpoint")
-    ap.add_argument("--run-dir", default="runs/validate_metrics")
+    vm.add_checkpoint_args(ap)
     ap.add_argument("--formats", default="nvfp4,mxfp4", help="formats scored against the ground truth")
     ap.add_argument("--plan-formats", default="fp8,nvfp4", help="candidates of the plans compared")
     ap.add_argument("--fp4-target", type=float, default=0.75)
@@ -126,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         per_window = []
         for w in range(args.windows):
             snap = snapshot(setting, w)
-            rows = [{**row, **vm.predictions(snap, row["linear"], row["format"])} for row in truth]
+            rows = vm.with_predictions(truth, snap)
             corr = vm.correlations(rows, truth_formats)
             plan = plan_of(snap)
             same = sum(plan[k] == reference_plan[k] for k in reference_plan) / len(reference_plan)

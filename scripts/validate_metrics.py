@@ -75,10 +75,7 @@ def gradients(trainer: Trainer, tokens: torch.Tensor) -> list[torch.Tensor]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default="launch/configs/tiny.toml")
-    ap.add_argument("--set", dest="overrides", action="append", default=[])
-    ap.add_argument("--steps", type=int, default=300, help="BF16 training steps before validating")
-    ap.add_argument("--run-dir", default="runs/validate_metrics")
+    add_checkpoint_args(ap)
     ap.add_argument("--formats", default="fp8,nvfp4,mxfp4")
     ap.add_argument("--probe-batches", type=int, default=4)
     ap.add_argument("--probe-micro-batch-size", type=int, default=0,
@@ -104,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     truth = ground_truth(trainer, formats, args.truth_batches)
     truth_s = time.perf_counter() - t0
-    rows = [{**row, **predictions(snapshot, row["linear"], row["format"])} for row in truth]
+    rows = with_predictions(truth, snapshot)
     corr = correlations(rows, formats)
     reliability = truth_reliability(rows, formats) if args.truth_batches >= 2 else None
 
@@ -141,6 +138,14 @@ def main(argv: list[str] | None = None) -> int:
 # (predicted, measured) pairs whose Spearman correlation the validation reports.
 PAIRS = [("dL_pred", "dL_true"), ("dL_pred_first", "dL_true"), ("dL_pred_second", "dL_true"), ("rel_err_y", "dL_true"),
          ("dW_pred", "dW_true"), ("dW_pred_wgrad", "dW_true_wgrad"), ("dW_pred_dgrad", "dW_true_dgrad")]
+
+
+def add_checkpoint_args(ap: argparse.ArgumentParser) -> None:
+    """The options naming the validation checkpoint (``trained_trainer``'s arguments)."""
+    ap.add_argument("--config", default="launch/configs/tiny.toml")
+    ap.add_argument("--set", dest="overrides", action="append", default=[])
+    ap.add_argument("--steps", type=int, default=300, help="BF16 training steps of the checkpoint")
+    ap.add_argument("--run-dir", default="runs/validate_metrics", help="resumed if it has the checkpoint")
 
 
 def trained_trainer(config: str, overrides: list[str], steps: int, run_dir: str) -> Trainer:
@@ -184,14 +189,20 @@ def ground_truth(trainer: Trainer, formats: tuple[str, ...], truth_batches: int)
     return rows
 
 
-def predictions(snapshot: dict, key: str, fmt: str) -> dict[str, float]:
-    """What a snapshot predicts for one (linear, format), under the names ``PAIRS`` uses."""
-    d = linear_divergences(snapshot)[key][fmt]
-    s = snapshot["linears"][key]
-    return dict(dL_pred=d.loss, dL_pred_first=d.loss_first_order, dL_pred_second=d.loss_second_order,
-                dW_pred=d.weight, dW_pred_wgrad=d.weight_wgrad, dW_pred_dgrad=d.weight_dgrad,
-                curvature=curvature(s), prop_gain=propagation_gain(snapshot, key),
-                rel_err_y=math.sqrt(s["per_format"][fmt]["sq_ey"] / s["sq_y"]))
+def with_predictions(truth: list[dict], snapshot: dict) -> list[dict]:
+    """``truth`` rows joined with what ``snapshot`` predicts for the same (linear, format),
+    under the names ``PAIRS`` uses."""
+    div = linear_divergences(snapshot)
+    rows = []
+    for row in truth:
+        key, fmt = row["linear"], row["format"]
+        d, s = div[key][fmt], snapshot["linears"][key]
+        rows.append({**row, "dL_pred": d.loss, "dL_pred_first": d.loss_first_order,
+                     "dL_pred_second": d.loss_second_order, "dW_pred": d.weight, "dW_pred_wgrad": d.weight_wgrad,
+                     "dW_pred_dgrad": d.weight_dgrad, "curvature": curvature(s),
+                     "prop_gain": propagation_gain(snapshot, key),
+                     "rel_err_y": math.sqrt(s["per_format"][fmt]["sq_ey"] / s["sq_y"])})
+    return rows
 
 
 def correlations(rows: list[dict], formats: tuple[str, ...]) -> dict[str, dict[str, float]]:

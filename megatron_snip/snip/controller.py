@@ -90,10 +90,9 @@ class SnipController:
     def probe_batches(self, trainer: Any, step: int) -> list[torch.Tensor]:
         """``snip.probe_batches`` micro-batches of ``snip.probe_micro_batch_size`` sequences
         starting at this step's data (this DP rank's share)."""
-        t, s = self.cfg.training, self.cfg.snip
-        size = s.probe_micro_batch_size or t.micro_batch_size
-        start = step * t.global_batch_size + trainer.topo.dp_rank * s.probe_batches * size
-        return draw_micro_batches(trainer.data.train, start, s.probe_batches, size, trainer.device)
+        n, size = self.cfg.snip.probe_batches, self.cfg.probe_micro_batch_size()
+        start = step * self.cfg.training.global_batch_size + trainer.topo.dp_rank * n * size
+        return draw_micro_batches(trainer.data.train, start, n, size, trainer.device)
 
     def replan(self, trainer: Any, step: int) -> PrecisionPlan:
         """Collect (every rank) -> reduce -> metrics + solve (global rank 0) -> broadcast -> apply
