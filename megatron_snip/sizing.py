@@ -8,10 +8,11 @@ touches a device or starts a process group. All figures are per optimizer step.
 
 Accounting (stated so the numbers can be checked by hand):
 
-* **Parameters.** Per block: qkv (h+2g)*hd*d, proj d*h*hd, fc1 2f*d, fc2 d*f and two
-  RMSNorm weights d. Embedding V*d on the first stage, final norm d and an untied LM head
-  V*d on the last stage. Under TP the four linears and the (vocab-parallel) embedding and
-  LM head are split over ``tp`` ranks; norm weights are replicated.
+* **Parameters** (``model/shapes.parameter_counts``). Per block: qkv (h+2g)*hd*d, proj
+  d*h*hd, fc1 2f*d, fc2 d*f and two RMSNorm weights d. Embedding V*d on the first stage,
+  final norm d and an untied LM head V*d on the last stage. Under TP the four linears and
+  the (vocab-parallel) embedding and LM head are split over ``tp`` ranks; norm weights are
+  replicated.
 * **Weights, gradients, optimizer** (per rank, DDP: nothing is sharded over DP). The fp32
   parameters are the master weights (autocast casts to BF16 per GEMM, no persistent BF16
   copy): 4 B/param; fp32 gradients 4 B/param; AdamW m and v in fp32 8 B/param; 16 B/param
@@ -35,10 +36,10 @@ Accounting (stated so the numbers can be checked by hand):
   holds the most: min(pp, m)), GPipe keeps all m, no pipeline keeps one. An upper-bound
   style estimate: TE's FP8/FP4 modules save quantized inputs (smaller); the eager PyTorch
   path with an fp32 residual stream and unfused norms saves more.
-* **FLOPs** on the global batch, T tokens. A linear with weight (N, K) costs 2*T*K*N in
-  each of fprop, dgrad and wgrad; the LM head likewise with (V, d); attention scores and
-  context cost 4*T*s*h*hd forward and twice that backward per block (the non-causal
-  convention of Megatron/PaLM MFU; causal kernels skip about half). Together:
+* **FLOPs** on the global batch, T tokens (``model/shapes.py``). A linear with weight (N, K)
+  costs 2*T*K*N in each of fprop, dgrad and wgrad; the LM head likewise with (V, d);
+  attention scores and context cost 4*T*s*h*hd forward and twice that backward per block
+  (the non-causal convention of Megatron/PaLM MFU; causal kernels skip about half). Together:
   6*T*(N_params - embedding - norms) + 12*T*s*h*hd*L.
 * **SNIP ILP** (``snip/ilp.py``): one Boolean per decision unit and allowed candidate, one
   exactly-one constraint per unit, one global FP4-share floor, one floor per pipeline stage
@@ -60,13 +61,20 @@ from megatron_snip.config import Config
 from megatron_snip.precision.capability import ARCH_NAMES, TE_MIN_COMPUTE_CAPABILITY
 from megatron_snip.precision.formats import FORMATS, FP4_FORMATS, Format
 from megatron_snip.precision.plan import GEMMS, LINEARS, PrecisionPlan
-from megatron_snip.snip.costs import linear_shapes
+from megatron_snip.model.shapes import (
+    attention_flops,
+    gemm_flops,
+    linear_numel,
+    lm_head_gemm_flops,
+    local_linear_shapes,
+    model_linear_shapes,
+    parameter_counts,
+)
 
 GIB = 1024**3
 WEIGHT_BYTES, GRAD_BYTES, ADAM_BYTES = 4, 4, 8  # fp32 master weight, fp32 grad, fp32 m + v
 GPU_ENV = "MEGATRON_SNIP_GPU"
 DEFAULT_GPU = "h100"
-COLUMN_PARALLEL = frozenset({"qkv", "fc1"})  # sharded along N (out); proj and fc2 along K (in)
 
 
 @dataclass(frozen=True)
@@ -266,11 +274,6 @@ def _vocab(cfg: Config) -> tuple[int, str]:
     return padded, f"at most data.bpe_vocab_size={cfg.data.bpe_vocab_size} padded to 64"
 
 
-def _shapes(cfg: Config) -> dict[str, tuple[int, int]]:
-    m = cfg.model
-    return linear_shapes(m.hidden_size, m.ffn_hidden_size, m.num_attention_heads, m.num_kv_heads, m.head_dim)
-
-
 def _formats_used(cfg: Config) -> tuple[str, ...]:
     """Formats the run may ask the backend for: the initial plan's and SNIP's candidates."""
     spec = cfg.precision.initial_plan
@@ -289,8 +292,8 @@ def _formats_used(cfg: Config) -> tuple[str, ...]:
 def _snip_sizing(cfg: Config, tp: int, pp: int) -> SnipSizing:
     s, m = cfg.snip, cfg.model
     tokens = cfg.training.micro_batch_size * cfg.training.seq_len
-    shapes = _shapes(cfg)
-    local = {lin: ((n // tp, k) if lin in COLUMN_PARALLEL else (n, k // tp)) for lin, (n, k) in shapes.items()}
+    shapes = model_linear_shapes(m)
+    local = local_linear_shapes(shapes, tp)
 
     def ok(fmt: str, lin: str, gemm: str) -> bool:
         return gemm_allowed(FORMATS[fmt], *local[lin], tokens, gemm)
@@ -300,9 +303,10 @@ def _snip_sizing(cfg: Config, tp: int, pp: int) -> SnipSizing:
                   for gs in ([GEMMS] if s.granularity == "layer" else [(gm,) for gm in GEMMS])]
     allowed = {f: m.num_layers * sum(all(ok(f, lin, gm) for gm in gs) for lin, gs in unit_gemms) for f in s.formats}
     fp4_candidates = [f for f in s.formats if f in FP4_FORMATS]
-    fp4_weight = sum(shapes[lin][0] * shapes[lin][1] * len(gs) for lin, gs in unit_gemms
+    numel = linear_numel(shapes)
+    fp4_weight = sum(numel[lin] * len(gs) for lin, gs in unit_gemms
                      if any(all(ok(f, lin, gm) for gm in gs) for f in fp4_candidates))
-    total_weight = sum(n * k for n, k in shapes.values()) * len(GEMMS)
+    total_weight = sum(numel.values()) * len(GEMMS)
     units = m.num_layers * len(unit_gemms)
     floors = (1 + (pp if pp > 1 else 0)) if s.fp4_target > 0 else 0
     return SnipSizing(
@@ -331,11 +335,10 @@ def estimate(cfg: Config, world_size: int, gpu: str | None = None) -> Sizing:
     vocab_local = -(-vocab // tp)
     per_stage = L // pp
 
-    shapes = _shapes(cfg)
-    linear_params = sum(n * k for n, k in shapes.values())
-    block_params_local = linear_params // tp + 2 * d  # norms replicated over TP
-    params_embedding, params_head = vocab * d, vocab * d + d
-    params_blocks = L * (linear_params + 2 * d)
+    counts = parameter_counts(m, vocab)
+    block_params_local = counts.block_linears // tp + counts.block_norms  # norms replicated over TP
+    params_embedding, params_head = counts.embedding, counts.lm_head + counts.final_norm
+    params_blocks = counts.blocks
 
     # Activations per token per block on one rank (module docstring).
     e = 4 if t.dtype == "float32" else 2
@@ -349,15 +352,15 @@ def estimate(cfg: Config, world_size: int, gpu: str | None = None) -> Sizing:
 
     # FLOPs on the global batch.
     flops: dict[str, int] = {}
-    for lin, (n, k) in shapes.items():
+    for lin, one_gemm in gemm_flops(model_linear_shapes(m), tokens).items():
         for gemm in GEMMS:
-            flops[f"{lin}.{gemm}"] = 2 * tokens * k * n * L
-    attn_fwd = 4 * tokens * t.seq_len * h * hd * L
+            flops[f"{lin}.{gemm}"] = one_gemm * L
+    attn_fwd = attention_flops(m, tokens, t.seq_len) * L
     flops["attention.fwd"], flops["attention.bwd"] = attn_fwd, 2 * attn_fwd
     for gemm in GEMMS:
-        flops[f"lm_head.{gemm}"] = 2 * tokens * d * vocab
+        flops[f"lm_head.{gemm}"] = lm_head_gemm_flops(m, vocab, tokens)
     block_flops = (sum(v for k, v in flops.items() if not k.startswith("lm_head"))) // L
-    head_flops = 3 * 2 * tokens * d * vocab
+    head_flops = len(GEMMS) * lm_head_gemm_flops(m, vocab, tokens)
 
     stages = []
     for s in range(pp):

@@ -29,8 +29,8 @@ import time
 
 import numpy as np
 
+from megatron_snip.model import shapes as model_shapes
 from megatron_snip.precision.plan import GemmId, all_gemm_ids
-from megatron_snip.snip import costs as flop_costs
 from megatron_snip.snip import ilp
 
 FORMATS = ("bf16", "fp8", "mxfp4", "nvfp4")
@@ -59,7 +59,7 @@ def main() -> None:
     ap.add_argument("--max-deterministic-time", type=float, default=10.0)
     args = ap.parse_args()
 
-    numel = flop_costs.linear_numel(flop_costs.linear_shapes(8192, 28672, 64, 8, 128))
+    numel = model_shapes.linear_numel(model_shapes.linear_shapes(8192, 28672, 64, 8, 128))
     depths = [int(x) for x in args.layers.split(",")]
     print(f"CP-SAT 1 worker, linearization_level=2, seed 0; formats {FORMATS}; rho={args.rho}; "
           f"costs={args.costs} (seed {args.seed}); median of {args.repeats} solves")

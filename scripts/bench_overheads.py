@@ -154,10 +154,10 @@ def measure_ilp(layers: tuple[int, ...], repeats: int, max_time: float) -> dict[
     import bench_ilp
     import numpy as np
 
-    from megatron_snip.snip import costs as flop_costs
+    from megatron_snip.model import shapes as model_shapes
     from megatron_snip.snip import ilp
 
-    numel = flop_costs.linear_numel(flop_costs.linear_shapes(8192, 28672, 64, 8, 128))
+    numel = model_shapes.linear_numel(model_shapes.linear_shapes(8192, 28672, 64, 8, 128))
     rows = []
     for granularity in ("gemm", "layer"):
         for num_layers in layers:

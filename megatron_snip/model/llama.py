@@ -42,6 +42,7 @@ from megatron_snip.model.layers import (
 )
 from megatron_snip.model.norm import RMSNorm
 from megatron_snip.model.rope import apply_rope, rope_tables
+from megatron_snip.model.shapes import model_linear_shapes
 from megatron_snip.parallel.topology import TensorParallel
 from megatron_snip.precision.backends import Backend
 from megatron_snip.precision.plan import LINEARS, GemmId, PrecisionPlan, all_gemm_ids
@@ -65,11 +66,10 @@ class Attention(nn.Module):
             raise ValueError(f"config model.num_kv_heads={cfg.num_kv_heads} must be divisible by parallel.tp={tp.size}")
         self.num_heads, self.num_groups = cfg.num_attention_heads // tp.size, cfg.num_kv_heads // tp.size  # local
         self.head_dim = cfg.head_dim
-        q_per_group = cfg.num_attention_heads // cfg.num_kv_heads
-        qkv_out = cfg.num_kv_heads * (q_per_group + 2) * self.head_dim
-        self.qkv = ColumnParallelLinear(cfg.hidden_size, qkv_out, layer=layer, linear="qkv", init_std=cfg.init_std, tp=tp,
-                                        init_generator=_gen(seed, f"layers.{layer}.attn.qkv.weight"))
-        self.proj = RowParallelLinear(cfg.num_attention_heads * self.head_dim, cfg.hidden_size, layer=layer, linear="proj",
+        shapes = model_linear_shapes(cfg)  # (N, K): qkv G·(H/G+2)·Hd = (H+2G)·Hd outputs, proj H·Hd inputs
+        self.qkv = ColumnParallelLinear(*reversed(shapes["qkv"]), layer=layer, linear="qkv", init_std=cfg.init_std,
+                                        tp=tp, init_generator=_gen(seed, f"layers.{layer}.attn.qkv.weight"))
+        self.proj = RowParallelLinear(*reversed(shapes["proj"]), layer=layer, linear="proj",
                                       init_std=scaled_init_std(cfg.init_std, cfg.num_layers), tp=tp,
                                       init_generator=_gen(seed, f"layers.{layer}.attn.proj.weight"))
 
@@ -92,11 +92,12 @@ class SwiGLU(nn.Module):
 
     def __init__(self, cfg: ModelConfig, layer: int, tp: TensorParallel = UNSHARDED, seed: int | None = None) -> None:
         super().__init__()
+        shapes = model_linear_shapes(cfg)  # (N, K): fc1 (2F, D) = [gate; up], fc2 (D, F)
         # partitions=2: gate and up are sharded separately, so the local output is [gate_r; up_r].
-        self.fc1 = ColumnParallelLinear(cfg.hidden_size, 2 * cfg.ffn_hidden_size, layer=layer, linear="fc1",
+        self.fc1 = ColumnParallelLinear(*reversed(shapes["fc1"]), layer=layer, linear="fc1",
                                         init_std=cfg.init_std, tp=tp, partitions=2,
                                         init_generator=_gen(seed, f"layers.{layer}.mlp.fc1.weight"))
-        self.fc2 = RowParallelLinear(cfg.ffn_hidden_size, cfg.hidden_size, layer=layer, linear="fc2",
+        self.fc2 = RowParallelLinear(*reversed(shapes["fc2"]), layer=layer, linear="fc2",
                                      init_std=scaled_init_std(cfg.init_std, cfg.num_layers), tp=tp,
                                      init_generator=_gen(seed, f"layers.{layer}.mlp.fc2.weight"))
 

@@ -28,7 +28,7 @@ from megatron_snip.config import Config
 from megatron_snip.parallel import comm
 from megatron_snip.precision.plan import PrecisionPlan
 from megatron_snip.snip import ilp
-from megatron_snip.snip.costs import linear_numel, model_linear_shapes
+from megatron_snip.model.shapes import linear_numel, model_linear_shapes
 from megatron_snip.snip.gather import reduce_snapshot
 from megatron_snip.snip.metrics import policy_costs, predicted_divergence
 from megatron_snip.snip.policies import PlanContext, SolveTimeoutError, make_plan, parse_policy

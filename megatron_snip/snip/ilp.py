@@ -188,7 +188,7 @@ def build_problem(
     Args:
         costs: ``costs[GemmId][format]`` >= 0 (e.g. normalized SNIP divergence). A
             candidate missing from a GEMM's mapping, or ``math.inf``, is not allowed there.
-        linear_numel: K*N per linear (``costs.linear_numel``); the FLOP weight of each GEMM.
+        linear_numel: K*N per linear (``model.shapes.linear_numel``); the FLOP weight of each GEMM.
         formats: candidate formats, e.g. ["fp8", "nvfp4"].
         fp4_target: rho in [0, 1].
         granularity: "gemm" - each GemmId is a unit; "layer" - the fprop/dgrad/wgrad of
@@ -205,7 +205,7 @@ def build_problem(
     check_formats(formats)
     missing = [lin for lin in LINEARS if lin not in linear_numel]
     if missing:
-        raise ValueError(f"linear_numel lacks {missing}; pass K*N for each of {LINEARS} (costs.linear_numel)")
+        raise ValueError(f"linear_numel lacks {missing}; pass K*N for each of {LINEARS} (model.shapes.linear_numel)")
     for lin in LINEARS:
         n = linear_numel[lin]
         if isinstance(n, bool) or not isinstance(n, int) or n <= 0:

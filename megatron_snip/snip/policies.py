@@ -134,7 +134,7 @@ class PlanContext:
 
     Attributes:
         num_layers: number of transformer blocks (global).
-        linear_numel: K*N per linear (``snip.costs.linear_numel``): each GEMM's FLOP weight.
+        linear_numel: K*N per linear (``model.shapes.linear_numel``): each GEMM's FLOP weight.
         formats: candidate formats, e.g. ("fp8", "nvfp4").
         fp4_target: rho in [0, 1].
         granularity: "gemm" or "layer" (decision unit of ILP, ``random`` and ``layer_type``).
@@ -168,7 +168,7 @@ class PlanContext:
             raise ValueError(f"PlanContext.granularity={self.granularity!r} must be one of {ilp.GRANULARITIES}")
         missing = [lin for lin in LINEARS if lin not in self.linear_numel]
         if missing:
-            raise ValueError(f"PlanContext.linear_numel lacks {missing}; use snip.costs.linear_numel(shapes)")
+            raise ValueError(f"PlanContext.linear_numel lacks {missing}; use model.shapes.linear_numel(shapes)")
         object.__setattr__(self, "linear_numel", MappingProxyType(dict(self.linear_numel)))
         if self.stage_of_layer is not None:
             absent = [layer for layer in range(self.num_layers) if layer not in self.stage_of_layer]

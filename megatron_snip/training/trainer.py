@@ -39,7 +39,7 @@ from megatron_snip.parallel.topology import ParallelTopology
 from megatron_snip.precision.backends import Backend, get_backend
 from megatron_snip.precision.capability import require
 from megatron_snip.precision.plan import GemmId, PrecisionPlan, all_gemm_ids
-from megatron_snip.snip.costs import linear_numel, model_linear_shapes
+from megatron_snip.model.shapes import linear_numel, model_linear_shapes
 from megatron_snip.telemetry.logger import RunLogger
 from megatron_snip.telemetry.wandb_sink import WandbSink
 from megatron_snip.training import checkpoint as ckpt

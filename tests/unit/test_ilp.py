@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
+from megatron_snip.model import shapes as model_shapes
 from megatron_snip.precision.formats import FP4_FORMATS
 from megatron_snip.precision.plan import GemmId, all_gemm_ids
-from megatron_snip.snip import costs as flop_costs
 from megatron_snip.snip import ilp
 
 # Small integer K*N so brute force / DP stay tiny but weights still differ per linear.
@@ -148,7 +148,7 @@ def test_time_budget_matches_brute_force(seed):
 
 def test_realistic_shapes_cpsat_matches_dp():
     """Real K*N (divided by their gcd inside the model) and 4 stages over 8 layers."""
-    numel = flop_costs.linear_numel(flop_costs.linear_shapes(512, 1408, 8, 2))
+    numel = model_shapes.linear_numel(model_shapes.linear_shapes(512, 1408, 8, 2))
     rng = np.random.default_rng(7)
     formats = ("fp8", "nvfp4")
     gids = all_gemm_ids(8)
@@ -211,7 +211,7 @@ def test_exact_target_boundary():
 
 
 def test_deterministic_and_warm_start():
-    numel = flop_costs.linear_numel(flop_costs.linear_shapes(1024, 2816, 16, 4))
+    numel = model_shapes.linear_numel(model_shapes.linear_shapes(1024, 2816, 16, 4))
     rng = np.random.default_rng(3)
     formats = ("bf16", "fp8", "mxfp4", "nvfp4")
     gids = all_gemm_ids(16)
@@ -232,7 +232,7 @@ def test_deterministic_and_warm_start():
 
 def test_timeout_status_without_solution():
     """A deterministic limit too small to find anything -> TIMEOUT, no assignment (reproducible limit)."""
-    numel = flop_costs.linear_numel(flop_costs.linear_shapes(1024, 2816, 16, 4))
+    numel = model_shapes.linear_numel(model_shapes.linear_shapes(1024, 2816, 16, 4))
     rng = np.random.default_rng(5)
     formats = ("bf16", "fp8", "mxfp4", "nvfp4")
     p = ilp.build_problem(random_costs(all_gemm_ids(32), list(formats), rng), numel, formats, 0.75, "gemm",
@@ -278,16 +278,3 @@ def test_build_problem_validation():
     p = ilp.build_problem(good, SMALL_NUMEL, ("fp8", "nvfp4"), 0.5, "layer")
     assert [u.name for u in p.units] == ["0.qkv", "0.proj", "0.fc1", "0.fc2"]
     assert p.units[0].flops == 3 * SMALL_NUMEL["qkv"] and p.cost[0] == pytest.approx((0.3, 0.6))
-
-
-def test_costs_flop_accounting():
-    sh = flop_costs.linear_shapes(8192, 28672, 64, 8, 128)
-    assert sh == {"qkv": (10240, 8192), "proj": (8192, 8192), "fc1": (57344, 8192), "fc2": (8192, 28672)}
-    numel = flop_costs.linear_numel(sh)
-    assert flop_costs.gemm_flops(sh, 10)["fc2"] == 2 * 10 * 8192 * 28672
-    per_step = flop_costs.linear_flops_per_step(sh, 4096, 80)
-    assert per_step == 80 * 3 * 2 * 4096 * sum(numel.values())
-    with pytest.raises(ValueError, match="num_kv_heads=3 must divide num_heads=64"):
-        flop_costs.linear_shapes(8192, 28672, 64, 3)
-    with pytest.raises(ValueError, match="tokens=0"):
-        flop_costs.gemm_flops(sh, 0)

@@ -20,6 +20,7 @@ from megatron_snip.model.layers import (
     shard_tensor,
     unshard_tensors,
 )
+from megatron_snip.model import shapes
 from megatron_snip.model.llama import LlamaModel, cross_entropy_loss
 from megatron_snip.parallel.topology import TensorParallel
 
@@ -142,7 +143,7 @@ def test_builds_on_meta_device():
 
 def test_plan_shape_check_uses_local_tp_shapes():
     from megatron_snip.precision.plan import PrecisionPlan
-    from megatron_snip.snip.costs import linear_numel, model_linear_shapes
+    from megatron_snip.model.shapes import linear_numel, model_linear_shapes
 
     plan = PrecisionPlan.uniform("mxfp4", CFG.num_layers, linear_numel(model_linear_shapes(CFG)))
     assert build().plan_shape_errors(plan, tokens=64) == []
@@ -169,3 +170,16 @@ def test_grad_reducer_single_process_matches_torch_clipping():
     for p, q in zip(a.parameters(), b.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=0)
     assert red.global_numel() == sum(p.numel() for p in a.parameters())
+
+
+def test_linear_shapes_and_flop_accounting():
+    sh = shapes.linear_shapes(8192, 28672, 64, 8, 128)
+    assert sh == {"qkv": (10240, 8192), "proj": (8192, 8192), "fc1": (57344, 8192), "fc2": (8192, 28672)}
+    numel = shapes.linear_numel(sh)
+    assert shapes.gemm_flops(sh, 10)["fc2"] == 2 * 10 * 8192 * 28672
+    per_step = shapes.linear_flops_per_step(sh, 4096, 80)
+    assert per_step == 80 * 3 * 2 * 4096 * sum(numel.values())
+    with pytest.raises(ValueError, match="num_kv_heads=3 must divide num_heads=64"):
+        shapes.linear_shapes(8192, 28672, 64, 3)
+    with pytest.raises(ValueError, match="tokens=0"):
+        shapes.gemm_flops(sh, 0)

@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
+from megatron_snip.model import shapes as model_shapes
 from megatron_snip.precision.formats import FP4_FORMATS
 from megatron_snip.precision.plan import LINEARS, GemmId, PrecisionPlan, all_gemm_ids
-from megatron_snip.snip import costs as flop_costs
 from megatron_snip.snip import ilp
 from megatron_snip.snip.policies import (
     PlanContext,
@@ -22,7 +22,7 @@ from megatron_snip.snip.policies import (
 
 NUM_LAYERS = 6
 # TinyLlama-like block: d=2048, ffn 5632, 32 heads, 4 KV heads.
-NUMEL = flop_costs.linear_numel(flop_costs.linear_shapes(2048, 5632, 32, 4))
+NUMEL = model_shapes.linear_numel(model_shapes.linear_shapes(2048, 5632, 32, 4))
 STAGES = {layer: layer // 3 for layer in range(NUM_LAYERS)}
 TARGETED = ["bf16_ends", "layer_type", "layer_type:fc2", "layer_type:fc2,proj,qkv", "random", "min_rel_err", "snip"]
 EXEMPT = ["bf16", "uniform:fp8"]

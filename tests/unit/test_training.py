@@ -10,7 +10,7 @@ import torch
 
 from megatron_snip.config import TrainingConfig, load_config
 from megatron_snip.precision.plan import PrecisionPlan
-from megatron_snip.snip.costs import linear_numel, model_linear_shapes
+from megatron_snip.model.shapes import linear_numel, model_linear_shapes
 from megatron_snip.training import checkpoint as ckpt
 from megatron_snip.training.lr import lr_at
 from megatron_snip.training.trainer import Trainer, TrainingStopped
