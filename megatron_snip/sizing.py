@@ -43,9 +43,10 @@ Accounting (stated so the numbers can be checked by hand):
   6*T*(N_params - embedding - norms) + 12*T*s*h*hd*L.
 * **SNIP ILP** (``snip/ilp.py``): one Boolean per decision unit and allowed candidate, one
   exactly-one constraint per unit, one global FP4-share floor, one floor per pipeline stage
-  when pp > 1. A candidate is allowed on a unit when every GEMM's TP-local reduction
-  dimension (K for fprop, N for dgrad, micro_batch*seq_len for wgrad) is a multiple of the
-  format's block and the local weight a multiple of its 2-D weight block.
+  when pp > 1. A candidate is allowed on a unit when every GEMM's TP-local operands fit the
+  format's blocks (``precision/gemm_shapes.py``, the rule ``apply_plan`` enforces): the
+  reduction dimension (K for fprop, N for dgrad, micro_batch*seq_len for wgrad) a multiple
+  of the format's block and the local weight a multiple of its 2-D weight block.
 * **GPU support.** Set ``MEGATRON_SNIP_GPU`` (a100, h100, h200, b200, gb200; default h100).
   TE: FP8 needs sm_89+, fp8_block sm_90+, MXFP8 and NVFP4 Blackwell sm_100+, MXFP4 has no
   TE recipe. The emulated backend runs every format everywhere (fake quantization, no
@@ -59,7 +60,8 @@ from dataclasses import dataclass
 
 from megatron_snip.config import Config
 from megatron_snip.precision.capability import ARCH_NAMES, TE_MIN_COMPUTE_CAPABILITY
-from megatron_snip.precision.formats import FORMATS, FP4_FORMATS, Format
+from megatron_snip.precision.formats import FORMATS, FP4_FORMATS
+from megatron_snip.precision.gemm_shapes import gemm_shape_error
 from megatron_snip.precision.plan import GEMMS, LINEARS, PrecisionPlan
 from megatron_snip.model.shapes import (
     attention_flops,
@@ -118,22 +120,6 @@ def format_support(backend: str, fmt: str, gpu: GpuSpec) -> tuple[bool, str]:
         return True, f"TE on {gpu.name} (sm_{gpu.sm[0]}{gpu.sm[1]})"
     return False, (f"{fmt} needs {ARCH_NAMES.get(min_sm, '')} (sm_{min_sm[0]}{min_sm[1]}+) under Transformer Engine; {gpu.name} is "
                    f"sm_{gpu.sm[0]}{gpu.sm[1]} - use a newer GPU or precision.backend='emulated'")
-
-
-def gemm_allowed(fmt: Format, n_local: int, k_local: int, tokens: int, gemm: str) -> bool:
-    """Whether ``fmt``'s blocks tile one GEMM of a linear with TP-local weight (n_local, k_local).
-
-    Reduction dims: fprop K, dgrad N, wgrad the ``tokens`` of a micro-batch. Weights (fprop
-    and dgrad) must also be tiled by the 2-D weight block when the format has one.
-    """
-    reduction = {"fprop": k_local, "dgrad": n_local, "wgrad": tokens}[gemm]
-    if fmt.block and reduction % fmt.block:
-        return False
-    if gemm != "wgrad" and fmt.weight_block is not None:
-        rows, cols = fmt.weight_block
-        if n_local % rows or k_local % cols:
-            return False
-    return True
 
 
 # --------------------------------------------------------------------------------------
@@ -296,7 +282,7 @@ def _snip_sizing(cfg: Config, tp: int, pp: int) -> SnipSizing:
     local = local_linear_shapes(shapes, tp)
 
     def ok(fmt: str, lin: str, gemm: str) -> bool:
-        return gemm_allowed(FORMATS[fmt], *local[lin], tokens, gemm)
+        return gemm_shape_error(fmt, gemm, *local[lin], tokens) is None
 
     # A unit is one GEMM ("gemm") or a linear's three tied GEMMs ("layer"); every block is alike.
     unit_gemms = [(lin, gs) for lin in LINEARS

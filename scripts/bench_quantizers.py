@@ -29,8 +29,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from megatron_snip.precision.formats import FORMATS, Operand, get_format
-from megatron_snip.precision.gemm import check_linear_shapes, quant_linear
-from megatron_snip.precision.plan import GemmPrecision
+from megatron_snip.precision.gemm import quant_linear
+from megatron_snip.precision.gemm_shapes import gemm_shape_error
+from megatron_snip.precision.plan import GEMMS, GemmPrecision
 from megatron_snip.precision.quantize import quantize
 
 
@@ -97,9 +98,7 @@ def bench_linear(formats: list[str], t: int, k: int, n: int, reps: int) -> None:
     print(f"{'formats':10s} {'ms':>16s} {'vs unquantized':>15s}")
     print(f"{'bf16':10s} {base * 1e3:7.1f} ({base_med * 1e3:6.1f}) {1.0:14.2f}x")
     for fmt in formats:
-        try:
-            check_linear_shapes(GemmPrecision.uniform(fmt), k, n, t)
-        except ValueError:
+        if any(gemm_shape_error(fmt, gemm, n, k, t) for gemm in GEMMS):
             print(f"{fmt:10s} {'n/a':>16s}   (shape not a multiple of its blocks)")
             continue
         best, med = timeit(lambda fmt=fmt: step(GemmPrecision.uniform(fmt), True), reps)

@@ -45,7 +45,8 @@ from megatron_snip.model.rope import apply_rope, rope_tables
 from megatron_snip.model.shapes import model_linear_shapes
 from megatron_snip.parallel.topology import TensorParallel
 from megatron_snip.precision.backends import Backend
-from megatron_snip.precision.plan import LINEARS, GemmId, PrecisionPlan, all_gemm_ids
+from megatron_snip.precision.gemm_shapes import gemm_shape_error
+from megatron_snip.precision.plan import GEMMS, LINEARS, GemmId, PrecisionPlan, all_gemm_ids
 
 
 def pad_vocab(vocab_size: int, multiple: int = 64) -> int:
@@ -173,29 +174,17 @@ class LlamaModel(nn.Module):
 
         ``tokens`` = T, tokens per micro-batch (micro_batch_size * seq_len; the full sequence
         even under sequence parallelism, since column-parallel inputs are gathered first).
-        Each GEMM's operands are checked as the quantizer will see them (reduction dim last):
-        fprop X (T, K), W (N, K); dgrad dY (T, N), Wᵀ (K, N); wgrad dYᵀ (N, T), Xᵀ (K, T).
+        One message per GEMM that does not fit (rules: ``precision/gemm_shapes.py``).
         """
-        from megatron_snip.precision.formats import Operand, get_format
-        from megatron_snip.precision.quantize import check_operand_shape
-
-        act, wt, grad = Operand.ACTIVATION, Operand.WEIGHT, Operand.GRADIENT
         errors = []
         for lin in self.precision_linears():
             n, k = lin.out_features, lin.in_features
             prec = plan.for_linear(lin.layer, lin.linear)
-            for gemm, operands in (("fprop", (((tokens, k), act), ((n, k), wt))),
-                                   ("dgrad", (((tokens, n), grad), ((k, n), wt))),
-                                   ("wgrad", (((n, tokens), grad), ((k, tokens), act)))):
-                fmt = get_format(prec[gemm])
-                hadamard = gemm == "wgrad" and fmt.wgrad_hadamard
-                for shape, operand in operands:
-                    try:
-                        check_operand_shape(shape, fmt, operand, hadamard=hadamard)
-                    except ValueError as e:
-                        errors.append(f"{lin.layer}.{lin.linear}.{gemm}={fmt.name} (local weight {n}x{k}, "
-                                      f"tp={lin.tp.size}, T={tokens}): {e}")
-                        break
+            for gemm in GEMMS:
+                error = gemm_shape_error(prec[gemm], gemm, n, k, tokens)
+                if error is not None:
+                    errors.append(f"{lin.layer}.{lin.linear}.{gemm}={prec[gemm]} (local weight {n}x{k}, "
+                                  f"tp={lin.tp.size}, T={tokens}): {error}")
         return errors
 
     def set_quant_generator(self, generator: torch.Generator | None) -> None:

@@ -1,4 +1,4 @@
-"""QuantLinear: a linear layer whose three GEMMs each run in a plan-chosen format.
+"""quant_linear: a linear layer's Y = X·Wᵀ whose three GEMMs each run in a plan-chosen format.
 
 For Y = X·Wᵀ with X (T, K) (leading dims of x flattened into T) and W (N, K):
 
@@ -35,55 +35,18 @@ local amax of every operand whose format has a tensor scale (fp8, nvfp4).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from megatron_snip.precision.formats import Operand, get_format
 from megatron_snip.precision.plan import GEMMS, GemmPrecision
-from megatron_snip.precision.quantize import check_operand_shape, quantize
+from megatron_snip.precision.quantize import quantize
 
-__all__ = ["QuantLinear", "check_linear_shapes", "quant_linear", "tune_cpu_malloc"]
+__all__ = ["quant_linear", "tune_cpu_malloc"]
 
 AmaxReduce = Callable[[torch.Tensor], torch.Tensor]
-
-
-def check_linear_shapes(
-    precision: GemmPrecision, in_features: int, out_features: int, tokens: int | None = None
-) -> None:
-    """Raise ValueError unless every GEMM's operands fit their format's blocks.
-
-    Args:
-        precision: the linear's three formats.
-        in_features: K, the (local, after TP sharding) input features.
-        out_features: N, the (local) output features.
-        tokens: T, tokens per micro-batch (leading dims of x multiplied);
-            None skips the wgrad checks that depend on it.
-    """
-    k, n, t = in_features, out_features, tokens
-    problems: list[str] = []
-
-    def check(gemm: str, what: str, shape: tuple[int, int], operand: Operand, hadamard: bool = False) -> None:
-        try:
-            check_operand_shape(shape, precision[gemm], operand, hadamard=hadamard)
-        except ValueError as e:
-            problems.append(f"{gemm} {what} {shape}: {e}")
-
-    check("fprop", "X", (1, k), Operand.ACTIVATION)
-    check("fprop", "W", (n, k), Operand.WEIGHT)
-    check("dgrad", "dY", (1, n), Operand.GRADIENT)
-    check("dgrad", "W^T", (k, n), Operand.WEIGHT)
-    if t is not None:
-        rht = get_format(precision.wgrad).wgrad_hadamard
-        check("wgrad", "dY^T", (n, t), Operand.GRADIENT, rht)
-        check("wgrad", "X^T", (k, t), Operand.ACTIVATION, rht)
-    if problems:
-        raise ValueError(
-            f"linear {k}->{n} cannot run {precision}: " + "; ".join(problems)
-        )
 
 
 def tune_cpu_malloc(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 << 30) -> bool:
@@ -191,9 +154,10 @@ def quant_linear(
     Returns:
         (..., N) in x's dtype.
     Raises:
-        ValueError: mismatched shapes, or a dim that is not a multiple of a
-            chosen format's block (checked for all three GEMMs up front, so a
-            bad plan fails in forward rather than mid-backward).
+        ValueError: mismatched shapes. Block divisibility is not checked here:
+            a plan's formats are checked against every linear's shapes once, when
+            it is applied (``precision/gemm_shapes.py``); called directly with a
+            misfit, the quantizer of the first GEMM that does not fit raises.
     """
     if not isinstance(precision, GemmPrecision):
         raise TypeError(f"quant_linear: precision must be a GemmPrecision, got {type(precision).__name__}")
@@ -202,49 +166,6 @@ def quant_linear(
             f"quant_linear: x {tuple(x.shape)} and weight {tuple(weight.shape)} do not fit "
             "(need x (..., K) and weight (N, K))"
         )
-    check_linear_shapes(precision, weight.shape[1], weight.shape[0], math.prod(x.shape[:-1]))
     if all(precision[g] == "bf16" for g in GEMMS):
         return F.linear(x, weight.to(x.dtype))  # the reference path, autograd as usual
     return _QuantLinearFn.apply(x, weight, precision, amax_reduce, generator, compiled)
-
-
-class QuantLinear(nn.Module):
-    """A bias-free linear layer holding its weight and a ``GemmPrecision``.
-
-    ``set_precision`` swaps the formats at a step boundary without rebuilding
-    (house rule 2: precision changes only through ``apply_plan``). Model code may
-    equally call ``quant_linear`` functionally with its own Parameter.
-    """
-
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        *,
-        precision: GemmPrecision | None = None,
-        amax_reduce: AmaxReduce | None = None,
-        generator: torch.Generator | None = None,
-        compiled: bool = False,
-        device: torch.device | str | None = None,
-    ) -> None:
-        super().__init__()
-        self.in_features, self.out_features = in_features, out_features
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=torch.float32))
-        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # nn.Linear's default
-        self.precision = precision or GemmPrecision()
-        self.amax_reduce, self.generator, self.compiled = amax_reduce, generator, compiled
-
-    def set_precision(self, precision: GemmPrecision) -> None:
-        if not isinstance(precision, GemmPrecision):
-            raise TypeError(f"QuantLinear.set_precision: expected a GemmPrecision, got {type(precision).__name__}")
-        check_linear_shapes(precision, self.in_features, self.out_features)
-        self.precision = precision
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return quant_linear(
-            x, self.weight, self.precision, amax_reduce=self.amax_reduce, generator=self.generator, compiled=self.compiled
-        )
-
-    def extra_repr(self) -> str:
-        p = self.precision
-        return f"in_features={self.in_features}, out_features={self.out_features}, precision=({p.fprop}, {p.dgrad}, {p.wgrad})"

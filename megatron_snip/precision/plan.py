@@ -62,7 +62,7 @@ def all_gemm_ids(num_layers: int, layers: Iterable[int] | None = None) -> list[G
 
 @dataclass(frozen=True)
 class GemmPrecision:
-    """The formats of one linear layer's three GEMMs - what a QuantLinear runs with."""
+    """The formats of one linear layer's three GEMMs - what a PrecisionLinear runs with."""
 
     fprop: str = "bf16"
     dgrad: str = "bf16"

@@ -9,13 +9,18 @@ fp32 throughout; CPU; a few seconds.
 
 from __future__ import annotations
 
+import math
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from megatron_snip.precision.formats import FORMATS, Operand, get_format
-from megatron_snip.precision.gemm import QuantLinear, check_linear_shapes, quant_linear
-from megatron_snip.precision.plan import GemmPrecision
+from megatron_snip.precision.gemm import quant_linear
+from megatron_snip.precision.gemm_shapes import gemm_shape_error
+from megatron_snip.precision.plan import GEMMS, GemmPrecision
 from megatron_snip.precision.quantize import quantize
 
 LOW_PRECISION = [f for f in FORMATS if f != "bf16"]
@@ -156,17 +161,51 @@ def test_bf16_activations_keep_their_dtype():
     assert torch.equal(y.reshape(-1, N), want)
 
 
-def test_shape_errors_fail_in_forward():
-    w = torch.randn(64, 24, requires_grad=True)
-    with pytest.raises(ValueError, match=r"fprop X.*'nvfp4'.*blocks of 16.*size 24"):
-        quant_linear(torch.randn(8, 24), w, GemmPrecision("nvfp4"))
-    with pytest.raises(ValueError, match=r"wgrad.*size 8"):  # T = 8 tokens is not a multiple of 16
-        quant_linear(torch.randn(8, 32), torch.randn(64, 32), GemmPrecision(wgrad="nvfp4"))
+def test_gemm_shape_rules():
+    """The block rules live in precision/gemm_shapes.py and are checked once, when a plan is
+    applied; quant_linear itself only checks that x and the weight fit together."""
+
+    def errors(precision: GemmPrecision, n: int, k: int, tokens: int) -> str:
+        return "; ".join(f"{g} {e}" for g in GEMMS if (e := gemm_shape_error(precision[g], g, n, k, tokens)))
+
+    assert re.search(r"fprop X.*'nvfp4'.*blocks of 16.*size 24", errors(GemmPrecision("nvfp4"), 64, 24, 8))
+    assert re.search(r"wgrad.*size 8", errors(GemmPrecision(wgrad="nvfp4"), 64, 32, 8))  # T = 8 is not a multiple of 16
     with pytest.raises(ValueError, match="do not fit"):
         quant_linear(torch.randn(8, 32), torch.randn(64, 16), GemmPrecision())
-    check_linear_shapes(GemmPrecision.uniform("fp8_block"), 128, 256, tokens=128)
-    with pytest.raises(ValueError, match="dgrad W\\^T"):
-        check_linear_shapes(GemmPrecision(dgrad="fp8_block"), 128, 200)
+    assert errors(GemmPrecision.uniform("fp8_block"), 256, 128, 128) == ""
+    assert re.search(r"dgrad .*W\^T \(128, 200\)", errors(GemmPrecision(dgrad="fp8_block"), 200, 128, 128))
+    with pytest.raises(ValueError, match="gemm='fc1'"):
+        gemm_shape_error("fp8", "fc1", 64, 64, 64)
+    # Called directly with a misfit, the first quantizer that meets it still refuses.
+    with pytest.raises(ValueError, match=r"'nvfp4'.*blocks of 16.*size 24"):
+        quant_linear(torch.randn(8, 24), torch.randn(64, 24), GemmPrecision("nvfp4"))
+
+
+class QuantLinear(nn.Module):
+    """A bias-free linear layer holding its weight and a ``GemmPrecision`` (test helper).
+
+    ``set_precision`` swaps the formats between calls without rebuilding, as
+    ``PrecisionLinear`` does under ``apply_plan``.
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, precision: GemmPrecision | None = None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=torch.float32))
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # nn.Linear's default
+        self.precision = precision or GemmPrecision()
+
+    def set_precision(self, precision: GemmPrecision) -> None:
+        if not isinstance(precision, GemmPrecision):
+            raise TypeError(f"QuantLinear.set_precision: expected a GemmPrecision, got {type(precision).__name__}")
+        self.precision = precision
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return quant_linear(x, self.weight, self.precision)
+
+    def extra_repr(self) -> str:
+        p = self.precision
+        return f"in_features={self.in_features}, out_features={self.out_features}, precision=({p.fprop}, {p.dgrad}, {p.wgrad})"
 
 
 def test_quant_linear_module_set_precision():

@@ -137,3 +137,12 @@ def test_backend_check_covers_a_plan_file(small_overrides, tmp_path):
     cfg = load_config(TINY, small_overrides + ["precision.backend=te", f"precision.initial_plan={path}"])
     with pytest.raises(ValueError, match=r"precision.backend='te' cannot run .*nvfp4.*emulated"):
         Trainer(cfg)
+
+
+def test_plan_whose_blocks_do_not_tile_the_gemms_is_refused_when_applied(small_overrides):
+    # The block rules (precision/gemm_shapes.py) are checked once per plan, in apply_plan, for
+    # every GEMM of every stage - not on each GEMM call. d=64 is no multiple of fp8_block's 128.
+    cfg = load_config(TINY, small_overrides + ["precision.initial_plan=uniform:fp8_block"])
+    with pytest.raises(ValueError, match=r"cannot run on this model/layout: 0\.qkv\.fprop=fp8_block "
+                                         r"\(local weight 192x64, tp=1, T=128\): X \(128, 64\): .*blocks of 128"):
+        Trainer(cfg)
