@@ -144,5 +144,5 @@ def test_plan_whose_blocks_do_not_tile_the_gemms_is_refused_when_applied(small_o
     # every GEMM of every stage - not on each GEMM call. d=64 is no multiple of fp8_block's 128.
     cfg = load_config(TINY, small_overrides + ["precision.initial_plan=uniform:fp8_block"])
     with pytest.raises(ValueError, match=r"cannot run on this model/layout: 0\.qkv\.fprop=fp8_block "
-                                         r"\(local weight 192x64, tp=1, T=128\): X \(128, 64\): .*blocks of 128"):
+                                         r"\(local weight 128x64, tp=1, T=128\): X \(128, 64\): .*blocks of 128"):
         Trainer(cfg)
