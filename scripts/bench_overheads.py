@@ -65,7 +65,7 @@ def build_trainer(cfg: Config):
     from megatron_snip.telemetry.logger import RunLogger
     from megatron_snip.training.trainer import Trainer
 
-    # No progress bar: the benchmark prints its own summary (the controller's re-plan lines still print).
+    # No progress bar: the benchmark prints its own summary.
     return Trainer(cfg, logger=RunLogger(cfg.training.run_dir, is_writer=True))
 
 
@@ -84,20 +84,21 @@ def measure_replan(trainer, reps: int, warm_steps: int) -> dict[str, Any]:
         trainer.train_step(step)
         step += 1
     ctrl.replan(trainer, step)  # untimed: first-use costs (kernel compilation, allocator warm-up)
-    trainer.apply_plan(bf16, record=False)
+    trainer.apply_plan(bf16)
     step_bf16, step_plan, replan, parts = [], [], [], []
     step_plan_error = None
     for _ in range(reps):
         step_bf16.append(_timed(trainer.train_step, step))
         step += 1
-        replan.append(_timed(ctrl.replan, trainer, step))
-        parts.append(dict(trainer.extra_state["snip"]["last_timings"]))
+        t0 = time.perf_counter()
+        parts.append(dict(ctrl.replan(trainer, step).timings))
+        replan.append(time.perf_counter() - t0)
         try:
             step_plan.append(_timed(trainer.train_step, step))  # in the plan the re-plan just made
         except NotImplementedError as e:
             step_plan_error = f"{type(e).__name__}: {e}"
         step += 1
-        trainer.apply_plan(bf16, record=False)
+        trainer.apply_plan(bf16)
     interval = trainer.cfg.snip.interval
     med = statistics.median
     planned = med(step_plan) if step_plan else None
@@ -145,7 +146,7 @@ def measure_emulation(trainer, formats: tuple[str, ...], reps: int) -> dict[str,
         out["formats"][fmt] = {"step_s": v["wall_s"], "step_min_s": v["wall_min_s"], "bf16_step_s": res["bf16"]["wall_s"],
                                "ratio": v["ratio_wall"], "reps": reps}
     out["bf16_step_s"] = res["bf16"]["wall_s"]
-    trainer.apply_plan(bf16_plan(trainer), record=False)
+    trainer.apply_plan(bf16_plan(trainer))
     return out
 
 
@@ -238,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             except NotImplementedError as e:
                 result["replan"] = {"model": name, "error": f"NotImplementedError: {e}"}
                 print(f"  skipped: {result['replan']['error']}", flush=True)
-                trainer.apply_plan(bf16_plan(trainer), record=False)
+                trainer.apply_plan(bf16_plan(trainer))
         if not args.skip_emulation:
             print("(b) emulated formats vs BF16 ...", flush=True)
             result["emulation"] = {"model": name, **measure_emulation(trainer, formats, args.reps)}

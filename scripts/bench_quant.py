@@ -81,7 +81,7 @@ class Stepper:
         """One training step in ``fmt``: (wall, process CPU) seconds."""
         if fmt not in self.plans:
             self.plans[fmt] = uniform_plan(self.trainer, fmt)
-        self.trainer.apply_plan(self.plans[fmt], record=False)
+        self.trainer.apply_plan(self.plans[fmt])
         w0, c0 = time.perf_counter(), time.process_time()
         result = self.trainer.train_step(self.step)
         times = time.perf_counter() - w0, time.process_time() - c0

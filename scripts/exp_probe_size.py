@@ -91,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     # Window w starts at sequence first + w * stride; every setting fits inside one stride.
     first = args.steps * t.global_batch_size
     stride = max(p * s for p, s, _ in settings + [reference])
-    ctx = PlanContext(num_layers=cfg.model.num_layers, linear_numel=linear_numel(model_linear_shapes(cfg.model)),
-                      formats=plan_formats, fp4_target=args.fp4_target, granularity="layer", seed=cfg.snip.seed)
+    ctx = PlanContext.for_run(cfg.snip, cfg.model.num_layers, linear_numel(model_linear_shapes(cfg.model)),
+                              cfg.parallel.pp, formats=plan_formats, fp4_target=args.fp4_target, granularity="layer")
 
     def snapshot(setting: tuple[int, int, int], window: int) -> dict:
         p, s, d = setting

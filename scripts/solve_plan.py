@@ -15,9 +15,9 @@ import json
 import sys
 from pathlib import Path
 
+from megatron_snip.config import SnipConfig
 from megatron_snip.precision.plan import LINEARS
 from megatron_snip.snip import ilp
-from megatron_snip.snip.controller import stage_map
 from megatron_snip.snip.metrics import policy_costs, predicted_divergence
 from megatron_snip.snip.policies import PlanContext, make_plan
 from megatron_snip.telemetry.plots import plot_pareto, plot_precision_map
@@ -57,10 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     numel = {s["linear"]: s["shape"][0] * s["shape"][1] for s in linears if s["layer"] == 0}
     assert set(numel) == set(LINEARS), f"snapshot lacks block 0's linears: {sorted(numel)}"
 
-    ctx = PlanContext(num_layers=num_layers, linear_numel=numel, formats=formats, fp4_target=args.fp4_target,
-                      granularity=args.granularity, stage_of_layer=stage_map(num_layers, args.pp),
-                      step=int(snapshot["step"]))
     try:
+        settings = SnipConfig(policy=args.policy, formats=formats, fp4_target=args.fp4_target,
+                              granularity=args.granularity, weight_divergence_weight=args.weight_divergence_weight)
+        ctx = PlanContext.for_run(settings, num_layers, numel, args.pp, step=int(snapshot["step"]))
         plan = make_plan(args.policy, ctx, costs)
     except (ilp.InfeasibleError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,4 +1,8 @@
-"""Pipeline schedules over micro-batches: 1F1B (PipeDream-flush, Megatron's default) and GPipe.
+"""Schedules over micro-batches: no pipeline, 1F1B (PipeDream-flush, Megatron's default) and GPipe.
+
+``schedule_for(topo, name)`` picks one (Megatron's ``get_forward_backward_func``): with one
+pipeline stage the no-pipeline schedule, else the ``parallel.pp_schedule`` named. All share one
+interface, so the trainer runs every layout through the same call.
 
 Why not ``torch.distributed.pipelining``: its stages infer shapes by running the module
 (on meta tensors or with extra p2p metadata), which collides with the explicit TP
@@ -6,13 +10,14 @@ collectives inside our blocks, and it owns loss scaling and micro-batch splittin
 trainer and the SNIP probes already do. The schedule itself is ~100 lines of p2p; writing it
 keeps every stage's behaviour visible and testable (PP=2 vs PP=1 to fp32 reordering).
 
-Each stage calls ``run_schedule`` with a ``forward_step(i, x)`` closure:
+Each stage calls its schedule with a ``forward_step(i, x)`` closure:
   * first stage: x is None (the closure reads micro-batch i's tokens itself);
   * other stages: x is the received activation (requires grad);
   * returns the stage output: an activation to send on, or on the last stage the micro-batch
     loss already divided by the number of micro-batches (its backward seeds the pipeline).
 
-1F1B on stage p of P with M micro-batches: min(P-p-1, M) warm-up forwards, then alternate one
+No pipeline (one stage holds the whole model): forward and backward of each micro-batch in
+turn, no communication. 1F1B on stage p of P with M micro-batches: min(P-p-1, M) warm-up forwards, then alternate one
 forward and one backward, then the remaining backwards; at most P-p activations are alive.
 GPipe = all M forwards, then all M backwards. Activations travel stage p -> p+1 and their
 gradients p+1 -> p, between the ranks with the same (tp_rank, dp_rank), over the PP group;
@@ -22,6 +27,7 @@ each exchange posts its sends and receives before waiting (deadlock-free on gloo
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -29,6 +35,15 @@ from megatron_snip.parallel import comm
 from megatron_snip.parallel.topology import ParallelTopology
 
 ForwardStep = Callable[[int, "torch.Tensor | None"], torch.Tensor]
+
+
+class Schedule(Protocol):
+    """Run ``num_micro`` micro-batches through this stage; returns the detached sum of the last
+    stage's losses, the same on every stage (see ``run_schedule`` for the arguments)."""
+
+    def __call__(self, forward_step: ForwardStep, num_micro: int, topo: ParallelTopology, *,
+                 activation_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+                 forward_only: bool = False) -> torch.Tensor: ...
 
 
 class _P2P:
@@ -98,6 +113,44 @@ def _backward(x: torch.Tensor | None, y: torch.Tensor, dy: torch.Tensor | None) 
     else:
         torch.autograd.backward(y, grad_tensors=dy.to(y.dtype))
     return None if x is None else x.grad
+
+
+def schedule_for(topo: ParallelTopology, name: str) -> Schedule:
+    """The schedule of this layout: ``run_no_pipeline`` with one stage, else ``run_schedule`` with
+    the ``parallel.pp_schedule`` ``name`` ("1f1b" or "gpipe")."""
+    if name not in ("1f1b", "gpipe"):
+        raise ValueError(f"config parallel.pp_schedule={name!r}: choose '1f1b' or 'gpipe'")
+    if topo.pp == 1:
+        return run_no_pipeline
+
+    def pipelined(forward_step: ForwardStep, num_micro: int, topo: ParallelTopology, *,
+                  activation_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+                  forward_only: bool = False) -> torch.Tensor:
+        return run_schedule(forward_step, num_micro, topo, activation_shape=activation_shape, dtype=dtype,
+                            device=device, schedule=name, forward_only=forward_only)
+
+    return pipelined
+
+
+def run_no_pipeline(forward_step: ForwardStep, num_micro: int, topo: ParallelTopology, *,
+                    activation_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+                    forward_only: bool = False) -> torch.Tensor:
+    """The one-stage schedule: forward (and unless ``forward_only``, backward) of each micro-batch in
+    turn; ``forward_step(i, None)`` returns micro-batch i's (scaled) loss. ``activation_shape`` and
+    ``dtype`` are unused (nothing travels); no communication, so ``topo`` must have one stage."""
+    assert topo.pp == 1, f"the no-pipeline schedule runs one stage, this topology has pp={topo.pp}"
+    if num_micro < 1:
+        raise ValueError(f"a schedule needs at least one micro-batch, got {num_micro}")
+    total = torch.zeros((), dtype=torch.float32, device=device)
+    for i in range(num_micro):
+        if forward_only:
+            with torch.no_grad():
+                loss = forward_step(i, None)
+        else:
+            loss = forward_step(i, None)
+            loss.backward()
+        total = total + loss.detach().float()
+    return total
 
 
 def run_schedule(forward_step: ForwardStep, num_micro: int, topo: ParallelTopology, *,

@@ -51,6 +51,27 @@ def group_ranks(world_size: int, tp: int, pp: int) -> dict[str, list[list[int]]]
     }
 
 
+def layers_of_stage(num_layers: int, pp: int, stage: int) -> range:
+    """Global block indices of pipeline stage ``stage`` of ``pp``: the even split, the one home of it.
+
+    Raises ValueError (naming the config fields) when ``num_layers`` is not a multiple of ``pp``.
+    """
+    if num_layers % pp:
+        raise ValueError(f"config model.num_layers={num_layers} must be divisible by parallel.pp={pp} "
+                         f"(even layer split)")
+    assert 0 <= stage < pp, f"stage {stage} outside a {pp}-stage pipeline"
+    per = num_layers // pp
+    return range(stage * per, (stage + 1) * per)
+
+
+def stage_of_layer(num_layers: int, pp: int) -> dict[int, int] | None:
+    """Global block index -> pipeline stage for ``layers_of_stage``'s split; None with one stage
+    (no per-stage constraints to state)."""
+    if pp <= 1:
+        return None
+    return {layer: stage for stage in range(pp) for layer in layers_of_stage(num_layers, pp, stage)}
+
+
 @dataclass(frozen=True)
 class TensorParallel:
     """What a tensor-parallel layer needs to know: its TP group, size, rank and whether
@@ -130,13 +151,8 @@ class ParallelTopology:
         return self.world_size > 1
 
     def stage_layers(self, num_layers: int, pp_rank: int | None = None) -> range:
-        """Global block indices held by pipeline stage ``pp_rank`` (even split)."""
-        if num_layers % self.pp:
-            raise ValueError(f"config model.num_layers={num_layers} must be divisible by parallel.pp={self.pp} "
-                             f"(even layer split)")
-        r = self.pp_rank if pp_rank is None else pp_rank
-        per = num_layers // self.pp
-        return range(r * per, (r + 1) * per)
+        """Global block indices held by pipeline stage ``pp_rank`` (default: this rank's stage)."""
+        return layers_of_stage(num_layers, self.pp, self.pp_rank if pp_rank is None else pp_rank)
 
     def describe(self) -> str:
         return (f"world={self.world_size} tp={self.tp} pp={self.pp} dp={self.dp} | rank {self.rank}: "

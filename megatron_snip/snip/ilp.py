@@ -89,7 +89,8 @@ class Problem:
         formats: candidate format names, e.g. ("fp8", "nvfp4"); may include "bf16".
         cost: ``cost[u][f]`` for unit index u and format index f; >= 0, ``math.inf``
             = format not allowed for that unit.
-        fp4_target: rho in [0, 1]: FP4 share of the FLOPs must be >= rho.
+        fp4_target: rho in [0, 1]: FP4 share of the FLOPs must be >= rho (validated at the
+            boundary, ``policies.PlanContext``; asserted here).
         per_stage: also require the FP4 share (and the time budget) on every stage.
         time_cost: optional per-format relative cost per FLOP (e.g. bf16 1.0,
             fp8 0.5, nvfp4 0.25); must cover every candidate and "bf16" (the reference).
@@ -113,7 +114,7 @@ class Problem:
         if not self.units:
             raise ValueError("Problem.units is empty; there must be at least one decision unit")
         check_formats(self.formats)
-        check_share("fp4_target", self.fp4_target)
+        assert 0.0 <= self.fp4_target <= 1.0, f"fp4_target={self.fp4_target!r} (validated by PlanContext)"
         if self.granularity not in GRANULARITIES:
             raise ValueError(f"granularity={self.granularity!r} must be one of {GRANULARITIES}")
         if len(self.cost) != len(self.units) or any(len(r) != len(self.formats) for r in self.cost):
@@ -338,14 +339,15 @@ def check_feasible(
     time_cost: Mapping[str, float] | None = None,
     time_budget: float | None = None,
 ) -> None:
-    """Config-time check (before any costs exist): can these candidates meet the targets at all?
+    """Before any costs exist: can these candidates meet the targets at all?
 
     Assumes every candidate is allowed for every GEMM (divisibility is checked
-    elsewhere). Raises ``InfeasibleError`` (a ValueError) naming the constraint.
+    elsewhere) and ``fp4_target`` already validated (``PlanContext``, the config). Raises
+    ``InfeasibleError`` (a ValueError) naming the constraint.
     """
     formats = tuple(formats)
     check_formats(formats)
-    check_share("fp4_target", fp4_target)
+    assert 0.0 <= fp4_target <= 1.0, f"fp4_target={fp4_target!r} (validated by PlanContext or the config)"
     fp4 = [f for f in formats if f in FP4_FORMATS]
     if fp4_target > 0 and not fp4:
         raise InfeasibleError(

@@ -32,12 +32,16 @@ The *high-precision candidate* is the non-FP4 format among ``ctx.formats`` (if s
 candidate* for static policies is the first FP4 format listed in ``ctx.formats``.
 Static policies target the global share; only the ILP policies and ``random`` also
 honour it per pipeline stage.
+
+Each policy is one entry of ``POLICIES`` (name -> how its spec parses, which statistics its
+costs need, how it makes a plan); ``PlanContext.for_run`` builds the context of a run from its
+config and pipeline layout.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from types import MappingProxyType
@@ -45,25 +49,16 @@ from typing import Any
 
 import numpy as np
 
+from megatron_snip.config import SnipConfig
+from megatron_snip.parallel.topology import stage_of_layer
 from megatron_snip.precision.formats import FORMATS, FP4_FORMATS
 from megatron_snip.precision.plan import GEMMS, LINEARS, GemmId, PrecisionPlan, all_gemm_ids
 from megatron_snip.snip import ilp
 
-POLICY_FORMS = (
-    "bf16",
-    "uniform:<format>",
-    "bf16_ends",
-    "bf16_ends:<first>,<last>",
-    "layer_type",
-    "layer_type:<linear>[,<linear>...]",
-    "random",
-    "min_rel_err",
-    "snip",
-)
 DEFAULT_PROTECTED = ("fc2", "proj")
-_COST_POLICIES = frozenset({"snip", "min_rel_err"})
-_NO_ARGS = frozenset({"bf16", "random", "min_rel_err", "snip"})
 _EXEMPT = "exempt from fp4_target (a reference, not an efficiency policy)"
+
+Costs = Mapping[GemmId, Mapping[str, float]]
 
 
 class SolveTimeoutError(RuntimeError):
@@ -80,6 +75,36 @@ class PolicySpec:
     ends: tuple[int, int] | None = None
     protected: tuple[str, ...] = ()
 
+    @property
+    def policy(self) -> Policy:
+        return POLICIES[self.name]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One policy in the registry (``POLICIES``).
+
+    Attributes:
+        name: the spec's name part (before any ``:``).
+        forms: the spec forms it accepts, for messages.
+        parse: (spec as given, spec stripped, argument after ``:`` or None) -> ``PolicySpec``;
+            ValueError naming the forms otherwise.
+        statistics: which probe passes its costs need: None (a static policy, no statistics),
+            ``"errors"`` (pass 1 only: measured GEMM errors) or ``"all"`` (also the noise passes:
+            curvature and propagation gains). See ``snip/stats.py``.
+        make: (spec, context, costs, previous plan) -> ``PrecisionPlan`` (see ``make_plan``).
+    """
+
+    name: str
+    forms: tuple[str, ...]
+    parse: Callable[[str, str, str | None], PolicySpec]
+    statistics: str | None
+    make: Callable[[PolicySpec, PlanContext, Costs | None, PrecisionPlan | None], PrecisionPlan]
+
+    @property
+    def needs_costs(self) -> bool:
+        return self.statistics is not None
+
 
 def parse_policy(spec: str) -> PolicySpec:
     """Parse and validate a policy spec (for config validation); ValueError listing the forms otherwise."""
@@ -89,43 +114,54 @@ def parse_policy(spec: str) -> PolicySpec:
     name, sep, arg = text.partition(":")
     if sep and not arg:
         raise ValueError(f"policy spec {spec!r} has an empty argument after ':'; forms: {POLICY_FORMS}")
-    if name in _NO_ARGS:
-        if sep:
-            raise ValueError(f"policy {name!r} takes no arguments (got {spec!r}); write just {name!r}")
-        return PolicySpec(text, name)
-    if name == "uniform":
-        if arg not in FORMATS:
-            raise ValueError(
-                f"policy spec {spec!r}: format {arg!r} is unknown; write uniform:<one of {sorted(FORMATS)}>"
-            )
-        return PolicySpec(text, name, format=arg)
-    if name == "bf16_ends":
-        if not sep:
-            return PolicySpec(text, name)
-        parts = arg.split(",")
-        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-            raise ValueError(
-                f"policy spec {spec!r}: expected bf16_ends:<first>,<last> with two non-negative integers, "
-                "e.g. bf16_ends:2,8, or plain bf16_ends to choose symmetric ends from fp4_target"
-            )
-        return PolicySpec(text, name, ends=(int(parts[0]), int(parts[1])))
-    if name == "layer_type":
-        if not sep:
-            return PolicySpec(text, name, protected=DEFAULT_PROTECTED)
-        lins = tuple(p.strip() for p in arg.split(","))
-        bad = [lin for lin in lins if lin not in LINEARS]
-        if bad or len(set(lins)) != len(lins):
-            raise ValueError(
-                f"policy spec {spec!r}: linear types must be distinct names from {LINEARS} "
-                f"(bad: {bad or 'duplicates'}), e.g. layer_type:fc2,proj"
-            )
-        return PolicySpec(text, name, protected=lins)
-    raise ValueError(f"unknown policy {spec!r}; choose one of {POLICY_FORMS}")
+    policy = POLICIES.get(name)
+    if policy is None:
+        raise ValueError(f"unknown policy {spec!r}; choose one of {POLICY_FORMS}")
+    return policy.parse(spec, text, arg if sep else None)
 
 
 def needs_costs(spec: str) -> bool:
     """True for the ILP policies (``snip``, ``min_rel_err``) that need a costs mapping."""
-    return parse_policy(spec).name in _COST_POLICIES
+    return parse_policy(spec).policy.needs_costs
+
+
+def _parse_plain(spec: str, text: str, arg: str | None) -> PolicySpec:
+    name = text.partition(":")[0]
+    if arg is not None:
+        raise ValueError(f"policy {name!r} takes no arguments (got {spec!r}); write just {name!r}")
+    return PolicySpec(text, name)
+
+
+def _parse_uniform(spec: str, text: str, arg: str | None) -> PolicySpec:
+    if arg not in FORMATS:
+        raise ValueError(f"policy spec {spec!r}: format {arg or ''!r} is unknown; "
+                         f"write uniform:<one of {sorted(FORMATS)}>")
+    return PolicySpec(text, "uniform", format=arg)
+
+
+def _parse_bf16_ends(spec: str, text: str, arg: str | None) -> PolicySpec:
+    if arg is None:
+        return PolicySpec(text, "bf16_ends")
+    parts = arg.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise ValueError(
+            f"policy spec {spec!r}: expected bf16_ends:<first>,<last> with two non-negative integers, "
+            "e.g. bf16_ends:2,8, or plain bf16_ends to choose symmetric ends from fp4_target"
+        )
+    return PolicySpec(text, "bf16_ends", ends=(int(parts[0]), int(parts[1])))
+
+
+def _parse_layer_type(spec: str, text: str, arg: str | None) -> PolicySpec:
+    if arg is None:
+        return PolicySpec(text, "layer_type", protected=DEFAULT_PROTECTED)
+    lins = tuple(p.strip() for p in arg.split(","))
+    bad = [lin for lin in lins if lin not in LINEARS]
+    if bad or len(set(lins)) != len(lins):
+        raise ValueError(
+            f"policy spec {spec!r}: linear types must be distinct names from {LINEARS} "
+            f"(bad: {bad or 'duplicates'}), e.g. layer_type:fc2,proj"
+        )
+    return PolicySpec(text, "layer_type", protected=lins)
 
 
 @dataclass(frozen=True)
@@ -136,7 +172,8 @@ class PlanContext:
         num_layers: number of transformer blocks (global).
         linear_numel: K*N per linear (``model.shapes.linear_numel``): each GEMM's FLOP weight.
         formats: candidate formats, e.g. ("fp8", "nvfp4").
-        fp4_target: rho in [0, 1].
+        fp4_target: rho in [0, 1], validated here (the boundary of the policies and the ILP;
+            past it, ``ilp`` only asserts it).
         granularity: "gemm" or "layer" (decision unit of ILP, ``random`` and ``layer_type``).
         stage_of_layer: layer -> pipeline stage, or None (single stage / no per-stage target).
         seed: seed of ``random`` and of CP-SAT.
@@ -175,6 +212,27 @@ class PlanContext:
             if absent:
                 raise ValueError(f"PlanContext.stage_of_layer has no stage for layer(s) {absent[:8]}")
             object.__setattr__(self, "stage_of_layer", MappingProxyType(dict(self.stage_of_layer)))
+
+    @classmethod
+    def for_run(cls, snip: SnipConfig, num_layers: int, linear_numel: Mapping[str, int], pp: int, *,
+                step: int = 0, **snip_overrides: Any) -> PlanContext:
+        """The plan context of a run, the one place config and topology become a ``PlanContext``.
+
+        Candidates, FP4 target, granularity, seed and CP-SAT time come from ``snip`` (with any
+        ``snip_overrides`` of its fields, validated as the config is), the per-stage split of the
+        ``num_layers`` blocks over ``pp`` pipeline stages from ``parallel.topology.stage_of_layer``.
+        ``linear_numel``: K*N per linear (``model.shapes.linear_numel``).
+        """
+        if snip_overrides:
+            snip = replace(snip, **snip_overrides)
+        return cls(num_layers=num_layers, linear_numel=linear_numel, formats=tuple(snip.formats),
+                   fp4_target=snip.fp4_target, granularity=snip.granularity,
+                   stage_of_layer=stage_of_layer(num_layers, pp), seed=snip.seed, step=step,
+                   max_deterministic_time=snip.solver_max_time)
+
+    def at_step(self, step: int) -> PlanContext:
+        """This context for a plan made at ``step``."""
+        return replace(self, step=step)
 
     @property
     def high_format(self) -> str:
@@ -226,29 +284,7 @@ def make_plan(
         SolveTimeoutError: the ILP found nothing in time and ``previous`` is None.
     """
     ps = parse_policy(spec)
-    if ps.name in _COST_POLICIES:
-        ilp.check_feasible(ctx.formats, ctx.fp4_target, time_cost=ctx.time_cost, time_budget=ctx.time_budget)
-        return _ilp_plan(ps, ctx, costs, previous)
-    if ps.name not in ("bf16", "uniform"):  # static policies ignore the time budget
-        ilp.check_feasible(ctx.formats, ctx.fp4_target)
-    extra: dict[str, Any] = {"fp4_target": ctx.fp4_target}
-    if ps.name == "bf16":
-        entries, extra["note"] = _uniform(ctx, "bf16"), _EXEMPT
-    elif ps.name == "uniform":
-        entries = _uniform(ctx, ps.format)
-        if ps.format not in FP4_FORMATS:
-            extra["note"] = _EXEMPT
-    elif ps.name == "bf16_ends":
-        entries, (first, last) = _bf16_ends(ctx, ps.ends)
-        extra.update(ends_first=first, ends_last=last)
-    elif ps.name == "layer_type":
-        entries = _layer_type(ctx, ps.protected)
-    elif ps.name == "random":
-        entries = _random(ctx)
-        extra["seed"] = ctx.seed
-    else:  # parse_policy guarantees the names above
-        raise AssertionError(ps.name)
-    return PrecisionPlan.create(entries, ctx.linear_numel, step=ctx.step, policy=ps.spec, extra=extra)
+    return ps.policy.make(ps, ctx, costs, previous)
 
 
 # --------------------------------------------------------------------------------------
@@ -357,6 +393,40 @@ def _prefix_to_meet(units: list[tuple[GemmId, ...]], numel: Mapping[str, int], n
     return min(int(np.searchsorted(cum, need)) + 1, len(units))
 
 
+def _static_plan(ps: PolicySpec, ctx: PlanContext, entries: Mapping[GemmId, str], **extra: Any) -> PrecisionPlan:
+    return PrecisionPlan.create(entries, ctx.linear_numel, step=ctx.step, policy=ps.spec,
+                                extra={"fp4_target": ctx.fp4_target, **extra})
+
+
+def _make_bf16(ps: PolicySpec, ctx: PlanContext, costs: Costs | None, previous: PrecisionPlan | None) -> PrecisionPlan:
+    return _static_plan(ps, ctx, _uniform(ctx, "bf16"), note=_EXEMPT)
+
+
+def _make_uniform(ps: PolicySpec, ctx: PlanContext, costs: Costs | None,
+                  previous: PrecisionPlan | None) -> PrecisionPlan:
+    assert ps.format is not None
+    return _static_plan(ps, ctx, _uniform(ctx, ps.format), **({} if ps.format in FP4_FORMATS else {"note": _EXEMPT}))
+
+
+def _make_bf16_ends(ps: PolicySpec, ctx: PlanContext, costs: Costs | None,
+                    previous: PrecisionPlan | None) -> PrecisionPlan:
+    ilp.check_feasible(ctx.formats, ctx.fp4_target)  # static policies ignore the time budget
+    entries, (first, last) = _bf16_ends(ctx, ps.ends)
+    return _static_plan(ps, ctx, entries, ends_first=first, ends_last=last)
+
+
+def _make_layer_type(ps: PolicySpec, ctx: PlanContext, costs: Costs | None,
+                     previous: PrecisionPlan | None) -> PrecisionPlan:
+    ilp.check_feasible(ctx.formats, ctx.fp4_target)
+    return _static_plan(ps, ctx, _layer_type(ctx, ps.protected))
+
+
+def _make_random(ps: PolicySpec, ctx: PlanContext, costs: Costs | None,
+                 previous: PrecisionPlan | None) -> PrecisionPlan:
+    ilp.check_feasible(ctx.formats, ctx.fp4_target)
+    return _static_plan(ps, ctx, _random(ctx), seed=ctx.seed)
+
+
 # --------------------------------------------------------------------------------------
 # ILP policies
 # --------------------------------------------------------------------------------------
@@ -366,6 +436,7 @@ def _ilp_plan(
     costs: Mapping[GemmId, Mapping[str, float]] | None,
     previous: PrecisionPlan | None,
 ) -> PrecisionPlan:
+    ilp.check_feasible(ctx.formats, ctx.fp4_target, time_cost=ctx.time_cost, time_budget=ctx.time_budget)
     if costs is None:
         raise ValueError(f"policy {ps.spec!r} needs costs (per-GEMM, per-format); got costs=None")
     expected = set(all_gemm_ids(ctx.num_layers))
@@ -421,10 +492,26 @@ def _ilp_plan(
     )
 
 
+# The registry: one entry per policy, in the order the spec forms are listed.
+POLICIES: Mapping[str, Policy] = MappingProxyType({p.name: p for p in (
+    Policy("bf16", ("bf16",), _parse_plain, None, _make_bf16),
+    Policy("uniform", ("uniform:<format>",), _parse_uniform, None, _make_uniform),
+    Policy("bf16_ends", ("bf16_ends", "bf16_ends:<first>,<last>"), _parse_bf16_ends, None, _make_bf16_ends),
+    Policy("layer_type", ("layer_type", "layer_type:<linear>[,<linear>...]"), _parse_layer_type, None,
+           _make_layer_type),
+    Policy("random", ("random",), _parse_plain, None, _make_random),
+    Policy("min_rel_err", ("min_rel_err",), _parse_plain, "errors", _ilp_plan),
+    Policy("snip", ("snip",), _parse_plain, "all", _ilp_plan),
+)})
+POLICY_FORMS: tuple[str, ...] = tuple(form for p in POLICIES.values() for form in p.forms)
+
+
 __all__ = [
     "DEFAULT_PROTECTED",
+    "POLICIES",
     "POLICY_FORMS",
     "PlanContext",
+    "Policy",
     "PolicySpec",
     "SolveTimeoutError",
     "make_plan",

@@ -39,6 +39,7 @@ from megatron_snip.precision.formats import Operand
 from megatron_snip.precision.gemm import quant_linear
 from megatron_snip.precision.plan import LINEARS, GemmPrecision
 from megatron_snip.precision.quantize import quantize
+from megatron_snip.snip.host import ProbeHost
 
 BF16 = GemmPrecision()
 
@@ -96,10 +97,10 @@ class ProbeConfig:
 
 
 class StatsCollector:
-    """Runs the three passes on a trainer's model and returns a ``snapshot`` dict.
+    """Runs the three passes on a ``ProbeHost``'s model (``snip/host.py``) and returns a ``snapshot`` dict.
 
     Works on one pipeline stage's linears (all of them when pp == 1). The caller
-    reduces snapshots over TP/DP (``reduce_snapshot`` in the controller) before the
+    reduces snapshots over TP/DP (``snip.gather.reduce_snapshot``) before the
     metrics. Gradients produced here are discarded; model precisions are restored.
 
     Memory: pass 1 keeps every linear's G (T, N) of each probe micro-batch for pass 2's
@@ -156,18 +157,18 @@ class StatsCollector:
                 lin.probe = None
 
     # --- the passes ------------------------------------------------------------------------
-    def collect(self, trainer: Any, probe_batches: list[torch.Tensor], step: int, *,
+    def collect(self, host: ProbeHost, probe_batches: list[torch.Tensor], step: int, *,
                 noise_passes: bool = True) -> dict[str, Any]:
-        """Statistics of ``trainer.model`` on ``probe_batches`` (each (B, S+1) tokens).
+        """Statistics of ``host.model`` on ``probe_batches`` (each (B, S+1) tokens).
 
         ``noise_passes=False`` runs only pass 1 (norms and measured errors: all the local-error
         baseline ``min_rel_err`` needs, ~3/5 of the cost on `tiny`); the snapshot then has no curvature or
         propagation and says so in ``"noise_passes"`` (``metrics.snip_costs`` refuses it).
         """
-        model, optimizer = trainer.model, trainer.optimizer
+        model, optimizer = host.model, host.optimizer
         linears = list(model.precision_linears())
         keys = [key_of(lin) for lin in linears]
-        gen = torch.Generator(device=trainer.device).manual_seed(self.cfg.seed * 1_000_003 + step)
+        gen = torch.Generator(device=host.device).manual_seed(self.cfg.seed * 1_000_003 + step)
         n = len(probe_batches)
         sums: dict[str, dict[str, Any]] = {k: _empty_linear_sums(lin, self.cfg.formats) for k, lin in zip(keys, linears)}
         edw_acc: dict[str, dict[str, torch.Tensor]] = {k: {} for k in keys}
@@ -181,7 +182,7 @@ class StatsCollector:
         for b, tokens in enumerate(probe_batches):
             records = {k: _Record() for k in keys}
             with self._probes(linears, "record", records, gen):
-                losses.append(float(trainer.forward_backward([tokens])))
+                losses.append(float(host.forward_backward([tokens])))
             reference_g.append({k: records[k].g for k in keys})
             for k, lin in zip(keys, linears):
                 self._measure_errors(lin, records[k], sums[k], edw_acc[k], gen, first_batch=b == 0)
@@ -210,7 +211,7 @@ class StatsCollector:
 
         propagation: dict[str, dict[str, float]] = {}
         if noise_passes:
-            propagation = self._noise_passes(trainer, linears, keys, probe_batches, reference_g, denominators,
+            propagation = self._noise_passes(host, linears, keys, probe_batches, reference_g, denominators,
                                              sums, gen, timings)
         return {
             "step": step,
@@ -225,12 +226,12 @@ class StatsCollector:
             "timings": timings,
         }
 
-    def _noise_passes(self, trainer: Any, linears: list[PrecisionLinear], keys: list[str],
+    def _noise_passes(self, host: ProbeHost, linears: list[PrecisionLinear], keys: list[str],
                       probe_batches: list[torch.Tensor], reference_g: list[dict[str, torch.Tensor]],
                       denominators: dict[int, torch.Tensor], sums: dict[str, dict[str, Any]],
                       gen: torch.Generator, timings: dict[str, float]) -> dict[str, dict[str, float]]:
         """Passes 2 and 3: curvature sums into ``sums``; returns the propagation gains."""
-        optimizer = trainer.optimizer
+        optimizer = host.optimizer
         # Pass 2: forward noise -> curvature along Y. One noisy pass per draw, differenced against
         # the reference pass's G(0): at the same number of passes this is less noisy than
         # antithetic ±ε pairs, whose only gain (cancelling the zero-mean third-order term) is
@@ -241,12 +242,12 @@ class StatsCollector:
             sums[k]["noise_sigma"] = forward_noise_sigma(sums[k], harshest)
         for tokens, g_ref in zip(probe_batches, reference_g):
             for _ in range(self.cfg.noise_draws):
-                noise = {k: torch.randn(g_ref[k].shape, generator=gen, device=trainer.device) * sums[k]["noise_sigma"]
+                noise = {k: torch.randn(g_ref[k].shape, generator=gen, device=host.device) * sums[k]["noise_sigma"]
                          for k in keys}
                 records = {k: _Record(noise=noise[k]) for k in keys}
                 # Only G = dL/dY is needed here: frozen linear weights skip their wgrad GEMMs.
                 with self._probes(linears, "noise", records, gen), _frozen_weights(linears):
-                    trainer.forward_backward([tokens])
+                    host.forward_backward([tokens])
                 optimizer.zero_grad(set_to_none=True)
                 for k in keys:
                     eps = _flat(noise[k])
@@ -256,7 +257,7 @@ class StatsCollector:
 
         # Pass 3: exact propagation gain of dgrad errors to earlier parameters.
         t0 = time.perf_counter()
-        propagation = self._propagation_pass(trainer, linears, keys, probe_batches[0], denominators, sums, gen, harshest)
+        propagation = self._propagation_pass(host, linears, keys, probe_batches[0], denominators, sums, gen, harshest)
         optimizer.zero_grad(set_to_none=True)
         timings["backward_noise_pass_s"] = time.perf_counter() - t0
         return propagation
@@ -298,7 +299,7 @@ class StatsCollector:
         """The candidate format with the largest total forward error (normalization and noise scale)."""
         return max(self.cfg.formats, key=lambda f: sum(s["per_format"][f]["sq_ey"] for s in sums.values()))
 
-    def _propagation_pass(self, trainer: Any, linears: list[PrecisionLinear], keys: list[str], tokens: torch.Tensor,
+    def _propagation_pass(self, host: ProbeHost, linears: list[PrecisionLinear], keys: list[str], tokens: torch.Tensor,
                           denominators: dict[int, torch.Tensor], sums: dict[str, dict[str, Any]],
                           gen: torch.Generator, harshest: str) -> dict[str, dict[str, float]]:
         """Gain of an error in each linear's input gradient on the AdamW-preconditioned gradients
@@ -319,11 +320,11 @@ class StatsCollector:
         (``_propagation_by_reruns``). Both draw the same ε from ``gen``.
         """
         tokens = tokens[: self.cfg.propagation_sequences]
-        params = [p for p in trainer.model.parameters() if id(p) in denominators]
-        tp_rank = getattr(getattr(trainer, "topo", None), "tp_rank", 0)
+        params = [p for p in host.model.parameters() if id(p) in denominators]
+        tp_rank = host.topo.tp_rank
         by_key = dict(zip(keys, linears))
         injections: dict[str, float] = {}  # key -> σ of the noise this rank injects at that linear's input
-        for key in (f"{layer}.{lin}" for layer in range(trainer.cfg.model.num_layers) for lin in LINEARS):
+        for key in (f"{layer}.{lin}" for layer in range(host.num_layers) for lin in LINEARS):
             owner = by_key.get(key)
             if owner is not None and (tp_rank == 0 or not _input_replicated_over_tp(owner)):
                 s = sums[key]
@@ -331,12 +332,12 @@ class StatsCollector:
                 injections[key] = math.sqrt(s["per_format"][harshest]["sq_edx"] / numel_x) or 1e-12
             else:
                 injections[key] = 0.0
-        one_stage = getattr(getattr(trainer, "topo", None), "pp", 1) == 1
+        one_stage = host.topo.pp == 1
         if one_stage and all(lin.backend.repeatable_backward for lin in linears):
-            return self._propagation_by_vjp(trainer, linears, keys, tokens, params, denominators, injections, gen)
-        return self._propagation_by_reruns(trainer, linears, keys, tokens, params, denominators, injections, gen)
+            return self._propagation_by_vjp(host, linears, keys, tokens, params, denominators, injections, gen)
+        return self._propagation_by_reruns(host, linears, keys, tokens, params, denominators, injections, gen)
 
-    def _propagation_by_vjp(self, trainer: Any, linears: list[PrecisionLinear], keys: list[str],
+    def _propagation_by_vjp(self, host: ProbeHost, linears: list[PrecisionLinear], keys: list[str],
                             tokens: torch.Tensor, params: list[torch.Tensor], denominators: dict[int, torch.Tensor],
                             injections: dict[str, float], gen: torch.Generator) -> dict[str, dict[str, float]]:
         """pp == 1: one forward keeping each GEMM input X with its graph, then per linear
@@ -344,7 +345,7 @@ class StatsCollector:
         neither the loss's backward nor a reference pass is needed (17 -> 1 forward on tiny)."""
         records = {k: _Record() for k in keys}
         with self._probes(linears, "inputs", records, gen):
-            trainer.forward_loss(tokens)
+            host.forward_loss(tokens)
         out: dict[str, dict[str, float]] = {}
         for key, sigma in injections.items():
             x = records[key].x if key in records else None
@@ -360,14 +361,14 @@ class StatsCollector:
             out[key] = {"num": num, "den": float(eps.pow(2).sum()) if sigma > 0 else 0.0}
         return out
 
-    def _propagation_by_reruns(self, trainer: Any, linears: list[PrecisionLinear], keys: list[str],
+    def _propagation_by_reruns(self, host: ProbeHost, linears: list[PrecisionLinear], keys: list[str],
                                tokens: torch.Tensor, params: list[torch.Tensor],
                                denominators: dict[int, torch.Tensor], injections: dict[str, float],
                                gen: torch.Generator) -> dict[str, dict[str, float]]:
-        """Any pipeline layout: one reference forward/backward (``trainer.forward_backward``,
+        """Any pipeline layout: one reference forward/backward (``host.forward_backward``,
         pipelined when pp > 1), then one per linear with ε added to the gradient of its X by a
         hook; J·ε is the difference of the parameter gradients."""
-        optimizer = trainer.optimizer
+        optimizer = host.optimizer
 
         def gradients(inject: str | None) -> tuple[list[torch.Tensor | None], float]:
             optimizer.zero_grad(set_to_none=True)
@@ -375,7 +376,7 @@ class StatsCollector:
             if inject is not None:
                 records[inject].grad_noise_sigma = injections[inject]
             with self._probes(linears, "plain", records, gen):
-                trainer.forward_backward([tokens])
+                host.forward_backward([tokens])
             grads = [None if p.grad is None else p.grad.detach().clone() for p in params]
             return grads, (records[inject].grad_noise_sq if inject is not None else 0.0)
 

@@ -5,8 +5,8 @@ One ``Trainer`` per rank. Everything it needs about parallelism comes from the
 changes through ``apply_plan`` at a step boundary (house rule 2).
 
 Parallelism: the model is this rank's TP shard of its PP stage (``LlamaModel(layers=...,
-tp=...)``); with pp > 1 ``forward_backward`` runs the 1F1B (or GPipe) schedule of
-``parallel/pipeline.py``; after it, ``GradReducer`` sums sequence-parallel grads over TP,
+tp=...)``); ``forward_backward`` runs the layout's schedule of ``parallel/pipeline.py`` (no
+pipeline, 1F1B or GPipe); after it, ``GradReducer`` sums sequence-parallel grads over TP,
 averages all grads over DP and clips by the global norm over TP x PP. The loss (broadcast
 from the last stage, averaged over DP) and the skip decision are identical on every rank.
 
@@ -20,6 +20,7 @@ optimizer state, so resumed losses match uninterrupted ones bit for bit on CPU.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -30,16 +31,18 @@ import torch
 
 from megatron_snip.atomic_io import atomic_write_text
 from megatron_snip.config import Config
+from megatron_snip.data.dataset import GPTDataset
 from megatron_snip.data.pipeline import DataBundle, build_data
 from megatron_snip.model.llama import LlamaModel, pad_vocab
 from megatron_snip.parallel import comm
 from megatron_snip.parallel.ddp import GradReducer
-from megatron_snip.parallel.pipeline import run_schedule
+from megatron_snip.parallel.pipeline import schedule_for
 from megatron_snip.parallel.topology import ParallelTopology
 from megatron_snip.precision.backends import Backend, get_backend
 from megatron_snip.precision.capability import require
 from megatron_snip.precision.plan import GemmId, PrecisionPlan, all_gemm_ids
 from megatron_snip.model.shapes import linear_numel, model_linear_shapes
+from megatron_snip.snip.host import Replan
 from megatron_snip.telemetry.logger import RunLogger
 from megatron_snip.telemetry.wandb_sink import WandbSink
 from megatron_snip.training import checkpoint as ckpt
@@ -89,9 +92,7 @@ def resolve_initial_plan(cfg: Config, gemm_ids: list[GemmId], linear_numel: dict
         if needs_costs(spec):
             raise ValueError(f"config precision.initial_plan={spec!r} needs statistics that exist only after "
                              f"training starts; use it as snip.policy and start from 'bf16' or 'uniform:fp8'")
-        ctx = PlanContext(num_layers=num_layers, linear_numel=linear_numel, formats=tuple(cfg.snip.formats),
-                          fp4_target=cfg.snip.fp4_target, granularity=cfg.snip.granularity, seed=cfg.snip.seed)
-        plan = make_plan(spec, ctx)
+        plan = make_plan(spec, PlanContext.for_run(cfg.snip, num_layers, linear_numel, cfg.parallel.pp))
     plan.validate(gemm_ids)
     return plan
 
@@ -129,6 +130,7 @@ class Trainer:
                                 pre_process=self.topo.is_first_stage, post_process=self.topo.is_last_stage,
                                 tp=self.tp).to(self.device)
         self.grads = GradReducer(self.model.parameters(), self.topo)
+        self.schedule = schedule_for(self.topo, cfg.parallel.pp_schedule)
         self.optimizer = build_optimizer(self.model, t, self.device)
         # Stochastic rounding draws from one generator owned by the trainer and checkpointed. It is
         # seeded alike on every rank: DP replicas consume it identically, so DP rank 0's saved
@@ -156,7 +158,9 @@ class Trainer:
             atomic_write_text(self.run_dir / "config.toml", cfg.to_toml())
         if t.resume:
             self.load_latest()
-        self.apply_plan(self.plan, record=not t.resume)
+        self.apply_plan(self.plan)
+        if not t.resume:
+            self._record_plan(self.plan)
 
     def _build_backend(self, initial_plan: PrecisionPlan) -> Backend:
         """The GEMM backend ``precision.backend`` names, refused at start-up (with the reason and
@@ -181,17 +185,75 @@ class Trainer:
             comm.barrier(world)
         return data
 
-    # --- precision ----------------------------------------------------------------
-    def apply_plan(self, plan: PrecisionPlan, *, record: bool = True) -> None:
-        """Switch every linear to ``plan`` (call only between steps) and record it in the run dir."""
+    # --- precision (the SNIP host: snip/host.py) --------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return self.cfg.model.num_layers
+
+    @property
+    def train_data(self) -> GPTDataset:
+        return self.data.train
+
+    def apply_plan(self, plan: PrecisionPlan) -> None:
+        """Switch every linear to ``plan`` (call only between steps, on every rank); records nothing."""
         plan.validate(self.all_gemm_ids)
         self._check_plan_shapes(plan)
         self.model.apply_plan(plan)
         self.plan = plan
-        if record:
-            self.plan_history.append(plan)
-            if self.is_writer:
-                atomic_write_text(self.run_dir / "plans" / f"step_{plan.step:06d}.json", plan.to_json())
+
+    def _record_plan(self, plan: PrecisionPlan) -> None:
+        """Add the plan now in force to the history (checkpointed, the timeline) and, on the
+        writer, to the run directory as ``plans/step_<N>.json``."""
+        self.plan_history.append(plan)
+        if self.is_writer:
+            atomic_write_text(self.run_dir / "plans" / f"step_{plan.step:06d}.json", plan.to_json())
+
+    def record_replan(self, replan: Replan) -> None:
+        """The one place a re-plan is recorded: a kept plan is one log line; a new plan goes to the
+        history and ``plans/step_<N>.json``, a log line, a metrics line, the checkpointed
+        ``extra_state["snip"]``, and on the writer the snapshot ``plans/step_<N>_stats.json``, the
+        precision map ``plans/step_<N>.png`` and W&B."""
+        step = replan.step
+        if not replan.applied:
+            self.logger.info(f"re-plan at step {step}: {replan.kept}")
+            return
+        plan, timings = replan.plan, dict(replan.timings or {})
+        self._record_plan(plan)
+        objective = plan.objective if plan.objective is None else round(plan.objective, 4)
+        self.logger.info(
+            f"re-plan at step {step}: policy {plan.policy}, FP4 share {plan.fp4_flops_share:.3f}, "
+            f"formats {plan.format_counts()}, objective {objective} ({plan.solver_status}), "
+            f"{replan.gemms_changed} GEMMs changed, took {timings['replan_total_s']:.2f}s")
+        metrics = {"replan_fp4_share": plan.fp4_flops_share, **{f"replan_{k}": v for k, v in timings.items()}}
+        if replan.predicted_divergence is not None:
+            metrics["predicted_divergence"] = replan.predicted_divergence
+        self.logger.log_metrics(step, metrics)
+        self.extra_state["snip"] = {"replans": replan.count, "last_timings": timings, "last_stats": replan.snapshot}
+        if not self.is_writer:
+            return
+        plans_dir = self.run_dir / "plans"
+        if replan.snapshot is not None:
+            atomic_write_text(plans_dir / f"step_{step:06d}_stats.json", json.dumps(replan.snapshot))
+        from megatron_snip.telemetry.plots import plot_precision_map
+
+        png = plans_dir / f"step_{step:06d}.png"
+        plot_precision_map(plan, png)
+        if self.wandb is not None:
+            self.wandb.log_plan(plan, png)
+
+    def record_plan_summary(self) -> None:
+        """End of run, on the writer: ``precision_map.png`` (the final plan) and ``timeline.png``
+        (every recorded plan), the timeline also to W&B."""
+        if not self.is_writer:
+            return
+        from megatron_snip.telemetry.plots import plot_precision_map, plot_timeline
+
+        plot_precision_map(self.plan, self.run_dir / "precision_map.png",
+                           title=f"final plan ({self.plan.policy}, step {self.plan.step})")
+        timeline = self.run_dir / "timeline.png"
+        plot_timeline(self.plan_history, timeline)
+        if self.wandb is not None:
+            self.wandb.log_timeline(timeline, step=self.step)
 
     def _check_plan_shapes(self, plan: PrecisionPlan) -> None:
         """Refuse a plan whose formats do not fit some stage's local GEMM shapes - on every rank
@@ -224,13 +286,21 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def forward_loss(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Mean cross entropy of one micro-batch (B, S+1) through the whole model (pp == 1 only)."""
-        if self.topo.pp > 1:
-            raise RuntimeError("forward_loss runs the whole model on one rank; with parallel.pp > 1 use "
-                               "forward_backward (training) or evaluate_batch (no grad)")
+        """Mean cross entropy (fp32 scalar, with its graph) of one micro-batch (B, S+1) through the
+        whole model: the SNIP statistics' single-stage passes. Training and evaluation go through
+        ``forward_backward`` / ``evaluate_batch`` (any layout)."""
+        assert self.topo.is_first_stage and self.topo.is_last_stage, \
+            "forward_loss needs the whole model on this rank; pipelined layouts use forward_backward"
+        return self._stage_forward(tokens, None)
+
+    def _stage_forward(self, tokens: torch.Tensor, x: torch.Tensor | None) -> torch.Tensor:
+        """This stage's part of one micro-batch (B, S+1): from the tokens on the first stage, else
+        from the received activation ``x``; the mean loss on the last stage, else the fp32 activation."""
         with self._autocast():
-            logits = self.model(tokens[:, :-1])
-        return self.model.loss(logits, tokens[:, 1:])
+            out = self.model(tokens[:, :-1] if self.topo.is_first_stage else x)
+        if self.topo.is_last_stage:
+            return self.model.loss(out, tokens[:, 1:])
+        return out.float()  # the residual stream is fp32; it travels as fp32
 
     def _activation_shape(self, tokens: torch.Tensor) -> tuple[int, int, int]:
         """Shape of the hidden states passed between pipeline stages for a (B, S+1) micro-batch."""
@@ -239,43 +309,30 @@ class Trainer:
             seq //= self.tp.size
         return (tokens.shape[0], seq, self.cfg.model.hidden_size)
 
-    def _pipelined(self, micro: list[torch.Tensor], *, forward_only: bool) -> torch.Tensor:
+    def _run_schedule(self, micro: list[torch.Tensor], *, forward_only: bool) -> torch.Tensor:
+        """``micro`` through this layout's schedule (``parallel.pipeline.schedule_for``); the mean loss."""
         n = len(micro)
 
         def stage_step(i: int, x: torch.Tensor | None) -> torch.Tensor:
-            tokens = micro[i]
-            with self._autocast():
-                out = self.model(tokens[:, :-1] if self.topo.is_first_stage else x)
-            if self.topo.is_last_stage:
-                return self.model.loss(out, tokens[:, 1:]) / n
-            return out.float()  # the residual stream is fp32; it travels as fp32
+            out = self._stage_forward(micro[i], x)
+            return out / n if self.topo.is_last_stage else out
 
-        return run_schedule(stage_step, n, self.topo, activation_shape=self._activation_shape(micro[0]),
-                            dtype=torch.float32, device=self.device, schedule=self.cfg.parallel.pp_schedule,
-                            forward_only=forward_only)
+        return self.schedule(stage_step, n, self.topo, activation_shape=self._activation_shape(micro[0]),
+                             dtype=torch.float32, device=self.device, forward_only=forward_only)
 
     def forward_backward(self, micro: list[torch.Tensor]) -> torch.Tensor:
         """Accumulate gradients of the mean loss over ``micro`` (this rank's micro-batches,
         each (B, S+1)); returns that mean loss (detached fp32 scalar, the same on every pipeline
-        stage and TP rank; not averaged over DP). With pp > 1 this runs the pipeline schedule.
+        stage and TP rank; not averaged over DP), through this layout's schedule.
 
         No optimizer step and no gradient reduction over DP (``train_step`` does that via
         ``self.grads.reduce()``) - the SNIP statistics pass reuses this on its probe batches."""
-        if self.topo.pp > 1:
-            return self._pipelined(micro, forward_only=False)
-        total = torch.zeros((), device=self.device)
-        for tokens in micro:
-            loss = self.forward_loss(tokens) / len(micro)
-            loss.backward()
-            total += loss.detach()
-        return total
+        return self._run_schedule(micro, forward_only=False)
 
     @torch.no_grad()
     def evaluate_batch(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Mean loss of one (B, S+1) batch without gradients (pipelined when pp > 1); same on every rank."""
-        if self.topo.pp > 1:
-            return self._pipelined([tokens], forward_only=True)
-        return self.forward_loss(tokens).detach().float()
+        """Mean loss of one (B, S+1) batch without gradients; the same on every rank."""
+        return self._run_schedule([tokens], forward_only=True)
 
     # --- one step ---------------------------------------------------------------------
     def train_step(self, step: int) -> StepResult:

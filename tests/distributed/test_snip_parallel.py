@@ -39,10 +39,10 @@ def _train(topo, overrides):
     snapshots = []
     real = ctl.replan
 
-    def replan(trainer, step):
-        plan = real(trainer, step)
-        snapshots.append(trainer.extra_state["snip"]["last_stats"])
-        return plan
+    def replan(host, step):
+        outcome = real(host, step)
+        snapshots.append(outcome.snapshot)
+        return outcome
 
     ctl.replan = replan
     tr.fit([ctl])

@@ -78,8 +78,8 @@ def _run(topo, overrides: list[str], steps: int, save: bool = False, nan_on_dp_r
     if nan_on_dp_rank is not None:  # a non-finite loss on ONE replica must make every rank skip
         before = [p.detach().clone() for p in tr.model.parameters()]
         if tr.topo.dp_rank == nan_on_dp_rank:
-            real = tr.forward_loss
-            tr.forward_loss = lambda tokens: real(tokens) * float("nan")
+            real = tr.model.loss  # the last stage's loss (every stage with pp=1)
+            tr.model.loss = lambda logits, targets: real(logits, targets) * float("nan")
         res = tr.train_step(steps)
         out["nan_step_skipped"] = res.skipped
         out["nan_step_weights_kept"] = all(torch.equal(a, b) for a, b in zip(before, tr.model.parameters()))

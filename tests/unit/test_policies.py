@@ -206,6 +206,8 @@ def test_context_validation():
         PlanContext(num_layers=0, linear_numel=NUMEL, formats=("fp8", "nvfp4"), fp4_target=0.5)
     with pytest.raises(ValueError, match="fp4_target=75"):
         ctx(75)
+    with pytest.raises(ValueError, match="fp4_target=1.5"):  # the one validation of rho on its way to the ILP
+        ctx(1.5)
     with pytest.raises(ValueError, match="granularity='block'"):
         ctx(granularity="block")
     with pytest.raises(ValueError, match=r"stage_of_layer has no stage for layer\(s\) \[5\]"):

@@ -9,13 +9,13 @@ exactly. Weight divergences are checked against hand-computed AdamW-precondition
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
 
 from megatron_snip.model.layers import PrecisionLinear
+from megatron_snip.parallel.topology import ParallelTopology
 from megatron_snip.precision.backends.emulated import EmulatedBackend
 from megatron_snip.precision.formats import Operand
 from megatron_snip.precision.plan import GemmId, GemmPrecision
@@ -54,11 +54,12 @@ class Chain(nn.Module):
 
 
 class QuadraticTrainer:
-    """What StatsCollector needs of a trainer: model, optimizer, device, forward_loss, forward_backward."""
+    """A ``ProbeHost`` (snip/host.py): what StatsCollector needs of its host."""
 
     def __init__(self, two: bool = False, seed: int = 0, residual: bool = False) -> None:
         torch.manual_seed(seed)
-        self.cfg = SimpleNamespace(model=SimpleNamespace(num_layers=1))
+        self.num_layers = 1
+        self.topo = ParallelTopology.single()
         self.device = torch.device("cpu")
         self.model = Chain(two, residual)
         self.target_map = torch.randn(N, K) * 0.3

@@ -76,8 +76,8 @@ def test_nan_guard_skips_step_and_keeps_state(small_overrides):
     trainer.step = 1
     params = [p.detach().clone() for p in trainer.model.parameters()]
     opt = {k: v.clone() for k, v in trainer.optimizer.state[next(trainer.model.parameters())].items()}
-    real_forward = trainer.forward_loss
-    trainer.forward_loss = lambda tokens: real_forward(tokens) * float("nan")
+    real_loss = trainer.model.loss
+    trainer.model.loss = lambda logits, targets: real_loss(logits, targets) * float("nan")
     res = trainer.train_step(1)
     assert res.skipped and math.isnan(res.loss)
     assert all(torch.equal(a, b) for a, b in zip(params, trainer.model.parameters()))

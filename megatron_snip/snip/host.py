@@ -1,0 +1,122 @@
+"""The seam between SNIP and the training loop that hosts it.
+
+SNIP never sees a trainer: ``snip/stats.py`` runs its probe passes on a ``ProbeHost`` (the model's
+precision linears, the optimizer's state, forward/backward), and ``snip/controller.py`` re-plans on
+a ``SnipHost`` (a ``ProbeHost`` that also hands out training data, holds the plan in force, applies
+a plan and records a re-plan). ``training.trainer.Trainer`` is the host; tests host SNIP on small
+stand-ins. A re-plan is a value (``Replan``) that the host records in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from megatron_snip.model.layers import PrecisionLinear
+from megatron_snip.parallel.topology import ParallelTopology
+from megatron_snip.precision.plan import PrecisionPlan
+
+
+class ProbeModel(Protocol):
+    """This rank's piece of the model as the probes see it."""
+
+    def precision_linears(self) -> Iterable[PrecisionLinear]:
+        """The linears of this stage whose GEMMs a plan sets (qkv, proj, fc1, fc2 of each block)."""
+        ...
+
+    def parameters(self) -> Iterator[torch.nn.Parameter]: ...
+
+
+class TokenSource(Protocol):
+    """The training stream: ``batch(start, n)`` -> sequences [start, start + n), (n, S+1) int64 on CPU."""
+
+    def batch(self, start_sample: int, batch_size: int) -> torch.Tensor: ...
+
+
+class ProbeHost(Protocol):
+    """What the statistics passes (``StatsCollector.collect``) need.
+
+    ``forward_backward`` accumulates parameter gradients of the mean loss over a list of
+    (B, S+1) micro-batches through this rank's pipeline stage (the layout's schedule; its
+    collectives run over ``topo``'s groups) and returns the detached loss; ``forward_loss`` is the
+    whole model's loss of one micro-batch with its graph (one pipeline stage only). ``optimizer``
+    is the AdamW whose state (``exp_avg_sq``) preconditions the weight divergences.
+    """
+
+    @property
+    def model(self) -> ProbeModel: ...
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer: ...
+
+    @property
+    def topo(self) -> ParallelTopology: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def num_layers(self) -> int:
+        """Transformer blocks of the whole model (every stage walks all of them in the same order)."""
+        ...
+
+    def forward_backward(self, micro: list[torch.Tensor]) -> torch.Tensor: ...
+
+    def forward_loss(self, tokens: torch.Tensor) -> torch.Tensor: ...
+
+
+class SnipHost(ProbeHost, Protocol):
+    """What the re-planning controller needs besides the probes.
+
+    ``plan`` is the plan in force; ``apply_plan`` switches every linear to a plan (every rank, at a
+    step boundary, nothing recorded); ``record_replan`` records a re-plan's outcome (plan JSON,
+    statistics snapshot, precision map, metrics, W&B, checkpointed state) and
+    ``record_plan_summary`` the end-of-run plots. ``train_data`` is where probe batches come from.
+    """
+
+    @property
+    def plan(self) -> PrecisionPlan: ...
+
+    @property
+    def train_data(self) -> TokenSource: ...
+
+    def apply_plan(self, plan: PrecisionPlan) -> None: ...
+
+    def record_replan(self, replan: Replan) -> None: ...
+
+    def record_plan_summary(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Replan:
+    """The outcome of one re-plan, the same on every rank except ``snapshot`` and ``timings``'
+    statistics entries (measured per rank, reduced to the whole model).
+
+    Attributes:
+        step: the step boundary it ran at.
+        plan: the plan in force afterwards (the previous one when ``kept`` says why).
+        kept: None when ``plan`` is new and applied; else why the previous plan stays
+            (e.g. "solve failed (...); keeping the previous plan <hash>").
+        snapshot: the whole-model statistics snapshot (``snip/stats.py``); None for policies
+            that need none.
+        timings: seconds per phase (stats_*, metrics_s, solve_s, apply_s, replan_total_s).
+        predicted_divergence: the costs' total for ``plan`` (ILP policies), else None.
+        gemms_changed: GEMMs whose format differs from the previous plan.
+        count: plans applied by this controller so far, this one included.
+    """
+
+    step: int
+    plan: PrecisionPlan
+    kept: str | None = None
+    snapshot: Mapping[str, Any] | None = None
+    timings: Mapping[str, float] | None = None
+    predicted_divergence: float | None = None
+    gemms_changed: int = 0
+    count: int = 0
+
+    @property
+    def applied(self) -> bool:
+        return self.kept is None
