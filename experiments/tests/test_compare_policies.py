@@ -1,28 +1,21 @@
-"""scripts/compare_policies.py: run list, resume, statistics and report, one real tiny end-to-end run."""
+"""experiments/compare_policies.py and experiments/comparison/: run list, resume, statistics and report, one real
+tiny end-to-end run."""
 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from experiments import compare_policies as cli
+from experiments.comparison import aggregate, protocol, runner, store
+from experiments.comparison import report as report_writer
+from experiments.comparison.protocol import REPO
+from megatron_snip.config import load_config
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("compare_policies", REPO / "scripts" / "compare_policies.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["compare_policies"] = mod  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(mod)
-    return mod
-
-
-cp = _load()
 MX = ("fp8", "mxfp4")
 NV = ("fp8", "nvfp4")
 # A 2-layer d=64 model: every format's block divides its dims and the 2x32-token micro-batch.
@@ -31,50 +24,50 @@ SMALL_SETS = ("model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_si
               "precision.compile_quantizers=false")  # eager: compiling for these shapes would dominate
 
 
-def small_protocol(**kw) -> cp.Protocol:
+def small_protocol(**kw) -> protocol.Protocol:
     base = {"steps": 4, "warmup": 1, "interval": 2, "seeds": (1, 2, 3), "valid_corpora": ("bundled:moby_dick",),
                 "eval_interval": 2, "eval_batches": 1, "overrides": SMALL_SETS}
-    return cp.Protocol(**{**base, **kw})
+    return protocol.Protocol(**{**base, **kw})
 
 
 # --- run list -----------------------------------------------------------------------------
 def test_primary_runs_dedup_format_free_policies():
     p = small_protocol()
-    runs = cp.primary_runs(p)
+    runs = protocol.primary_runs(p)
     assert len(runs) == 3 * (4 + 5 * 2)  # per seed: 4 format-free policies + 5 policies x 2 format sets
     assert len({r.name for r in runs}) == len(runs) and len({r.key for r in runs}) == len(runs)
-    for pol in cp.FORMAT_FREE_POLICIES:
+    for pol in protocol.FORMAT_FREE_POLICIES:
         mine = [r for r in runs if r.policy == pol]
         assert sorted(r.seed for r in mine) == [1, 2, 3]  # once per seed, not once per format set
         assert all(r.formats is None and r.rho is None for r in mine)
-    for pol in cp.FORMAT_POLICIES:
+    for pol in protocol.FORMAT_POLICIES:
         mine = [r for r in runs if r.policy == pol]
         assert sorted((r.formats, r.seed) for r in mine) == sorted((fs, s) for fs in (NV, MX) for s in (1, 2, 3))
         assert all(r.rho == 0.75 for r in mine)
     assert [r.seed for r in runs] == sorted(r.seed for r in runs)  # seed-major: whole seeds finish first
-    assert cp.RunSpec(2, "snip", MX, 0.75).name == "snip_fp8-mxfp4_rho0.75_seed2"
-    assert cp.RunSpec(1, "uniform:nvfp4").name == "uniform-nvfp4_seed1"
+    assert protocol.RunSpec(2, "snip", MX, 0.75).name == "snip_fp8-mxfp4_rho0.75_seed2"
+    assert protocol.RunSpec(1, "uniform:nvfp4").name == "uniform-nvfp4_seed1"
 
 
 def test_policy_subset_and_single_format_set():
     p = small_protocol(policies=("bf16", "snip"), format_sets=(MX,), seeds=(7,))
-    assert [r.name for r in cp.primary_runs(p)] == ["bf16_seed7", "snip_fp8-mxfp4_rho0.75_seed7"]
+    assert [r.name for r in protocol.primary_runs(p)] == ["bf16_seed7", "snip_fp8-mxfp4_rho0.75_seed7"]
 
 
 def test_sweep_runs_skip_primary_rho_and_follow_best_baseline():
     p = small_protocol(sweep_rhos=(0.5, 0.75, 0.9), sweep_format_sets=(MX,))
-    runs = cp.sweep_runs(p, {MX: "layer_type"})
+    runs = protocol.sweep_runs(p, {MX: "layer_type"})
     assert len(runs) == 3 * 2 * 2  # seeds x {snip, layer_type} x {0.5, 0.9}; 0.75 is a primary run
     assert {(r.policy, r.rho) for r in runs} == {(pol, rho) for pol in ("snip", "layer_type") for rho in (0.5, 0.9)}
     assert all(r.group == "sweep" and r.formats == MX for r in runs)
-    assert {r.policy for r in cp.sweep_runs(p, {MX: None})} == {"snip"}  # baseline not known yet
-    assert not {r.key for r in runs} & {r.key for r in cp.primary_runs(p)}
+    assert {r.policy for r in protocol.sweep_runs(p, {MX: None})} == {"snip"}  # baseline not known yet
+    assert not {r.key for r in runs} & {r.key for r in protocol.primary_runs(p)}
 
 
 def test_every_run_config_is_valid_and_pairs_by_seed(tmp_path):
     p = small_protocol(sweep_rhos=(0.5,), sweep_format_sets=(MX,))
-    for spec in cp.primary_runs(p) + cp.sweep_runs(p, {MX: "random"}):
-        cfg = cp.load_config(cp.config_path(p), cp.run_overrides(spec, p, tmp_path / spec.name)).validate()
+    for spec in protocol.primary_runs(p) + protocol.sweep_runs(p, {MX: "random"}):
+        cfg = load_config(protocol.config_path(p), protocol.run_overrides(spec, p, tmp_path / spec.name)).validate()
         assert cfg.training.seed == spec.seed == cfg.snip.seed
         assert cfg.precision.initial_plan == "bf16" and cfg.snip.enabled and cfg.snip.policy == spec.policy
         assert (cfg.snip.warmup, cfg.snip.interval, cfg.training.max_steps) == (1, 2, 4)
@@ -105,8 +98,8 @@ def test_best_static_baseline_uses_training_domain_only():
     results = [rec("layer_type", 1, 2.00, 3.0), rec("layer_type", 2, 2.02, 3.0),
                rec("random", 1, 2.01, 1.0), rec("random", 2, 2.03, 1.0),  # best on the other domain
                rec("snip", 1, 1.0, 1.0), rec("min_rel_err", 1, 1.0, 1.0)]  # not static baselines
-    assert cp.best_static_baseline(results, MX, 0.75) == "layer_type"
-    assert cp.best_static_baseline(results, NV, 0.75) is None
+    assert store.best_static_baseline(results, MX, 0.75) == "layer_type"
+    assert store.best_static_baseline(results, NV, 0.75) is None
 
 
 # --- resume -------------------------------------------------------------------------------
@@ -120,59 +113,59 @@ def test_config_identity_follows_values_not_comments(tmp_path):
     for name, body in variants.items():
         (tmp_path / f"{name}.toml").write_text(body)
         p = small_protocol(config=str(tmp_path / f"{name}.toml"))
-        configs[name] = cp.resolved_config(cp.primary_runs(p)[0], p)
-    assert cp.same_config(configs["same"], configs["comment"])
-    assert not cp.same_config(configs["same"], configs["value"])
+        configs[name] = protocol.resolved_config(protocol.primary_runs(p)[0], p)
+    assert protocol.same_config(configs["same"], configs["comment"])
+    assert not protocol.same_config(configs["same"], configs["value"])
 
 
 def test_config_identity_tolerates_new_fields_at_their_default():
     """A record made before a field existed stays current while the field is at its default
     (new fields keep the old behaviour); not once it is set, nor when a recorded field is gone."""
     p = small_protocol()
-    current = cp.resolved_config(cp.primary_runs(p)[0], p)
+    current = protocol.resolved_config(protocol.primary_runs(p)[0], p)
     assert current["snip"]["probe_micro_batch_size"] == 0  # a default
     older = copy.deepcopy(current)
     del older["snip"]["probe_micro_batch_size"]  # recorded before the field was added
-    assert cp.same_config(older, current)
+    assert protocol.same_config(older, current)
     changed = copy.deepcopy(current)
     changed["snip"]["probe_micro_batch_size"] = 2
-    assert not cp.same_config(older, changed)
+    assert not protocol.same_config(older, changed)
     removed = copy.deepcopy(current)
     removed["snip"]["a_field_since_removed"] = 1
-    assert not cp.same_config(removed, current)
-    assert not cp.same_config(None, current)
+    assert not protocol.same_config(removed, current)
+    assert not protocol.same_config(None, current)
 
 
 def test_rerun_skips_only_finished_runs_with_the_same_config(tmp_path, monkeypatch):
     p = small_protocol(seeds=(1,), policies=("bf16", "uniform:fp8", "snip", "random"), format_sets=(MX,))
-    specs = cp.primary_runs(p)
+    specs = protocol.primary_runs(p)
     a, b, c, d = specs
     results = tmp_path / "results.jsonl"
-    stale = cp.resolved_config(c, p)
+    stale = protocol.resolved_config(c, p)
     stale["training"]["lr"] *= 2
-    records = [{"name": a.name, "status": "ok", "config": cp.resolved_config(a, p)},
-               {"name": b.name, "status": "failed", "config": cp.resolved_config(b, p)},
+    records = [{"name": a.name, "status": "ok", "config": protocol.resolved_config(a, p)},
+               {"name": b.name, "status": "failed", "config": protocol.resolved_config(b, p)},
                {"name": c.name, "status": "ok", "config": stale},
-               {"name": d.name, "status": "ok", "config": cp.resolved_config(d, p)},
-               {"name": d.name, "status": "timeout", "config": cp.resolved_config(d, p)}]  # latest wins
+               {"name": d.name, "status": "ok", "config": protocol.resolved_config(d, p)},
+               {"name": d.name, "status": "timeout", "config": protocol.resolved_config(d, p)}]  # latest wins
     results.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"name": "torn')  # a torn last line
     calls = []
 
     def fake_execute(spec, p_, out_dir, **kw):
         calls.append(spec.name)
-        return {"name": spec.name, "status": "ok", "config": cp.resolved_config(spec, p_), "wall_s": 1.0}
+        return {"name": spec.name, "status": "ok", "config": protocol.resolved_config(spec, p_), "wall_s": 1.0}
 
-    monkeypatch.setattr(cp, "execute", fake_execute)
-    cp.run_all(specs, p, tmp_path, jobs=2, threads=1, timeout_s=10, log=lambda *_: None)
+    monkeypatch.setattr(runner, "execute", fake_execute)
+    runner.run_all(specs, p, tmp_path, jobs=2, threads=1, timeout_s=10, log=lambda *_: None)
     assert sorted(calls) == sorted([b.name, c.name, d.name])
     calls.clear()
-    cp.run_all(specs, p, tmp_path, jobs=1, threads=1, timeout_s=10, log=lambda *_: None)
+    runner.run_all(specs, p, tmp_path, jobs=1, threads=1, timeout_s=10, log=lambda *_: None)
     assert calls == []  # everything is done now
-    latest = cp.latest_records(cp.read_results(results))
-    assert all(cp.is_done(s, p, latest) for s in specs)
-    assert {r["name"] for r in cp.current_results(p, cp.read_results(results))} == {s.name for s in specs}
+    latest = store.latest_records(store.read_results(results))
+    assert all(store.is_done(s, p, latest) for s in specs)
+    assert {r["name"] for r in store.current_results(p, store.read_results(results))} == {s.name for s in specs}
     changed = small_protocol(seeds=(1,), policies=p.policies, format_sets=(MX,), steps=6)
-    assert not any(cp.is_done(s, changed, latest) for s in cp.primary_runs(changed))  # other steps: rerun
+    assert not any(store.is_done(s, changed, latest) for s in protocol.primary_runs(changed))  # other steps: rerun
 
 
 # --- statistics and report ----------------------------------------------------------------
@@ -205,7 +198,7 @@ def fake_results(tmp: Path) -> list[dict]:
 
 
 def test_aggregate_mean_std_and_paired_difference(tmp_path):
-    rows = {(r.policy, r.rho): r for r in cp.aggregate(fake_results(tmp_path), "val_loss_moby_dick")}
+    rows = {(r.policy, r.rho): r for r in aggregate.aggregate(fake_results(tmp_path), "val_loss_moby_dick")}
     snip, lt, ref = rows[("snip", 0.75)], rows[("layer_type", 0.75)], rows[("bf16", None)]
     assert ref.mean == pytest.approx(statistics.mean(BF16.values()))
     assert snip.n == 3 and snip.mean == pytest.approx(statistics.mean(SNIP.values()))
@@ -218,15 +211,15 @@ def test_aggregate_mean_std_and_paired_difference(tmp_path):
     assert lt.n_pairs == 2 and lt.paired_mean == pytest.approx(statistics.mean(lt_diffs))
     assert lt.paired_std == pytest.approx(statistics.stdev(lt_diffs))
     assert snip.fp4_share == pytest.approx(0.76)
-    assert next(r.policy for r in cp.aggregate(fake_results(tmp_path / "b"), "val_loss")) == "bf16"
+    assert next(r.policy for r in aggregate.aggregate(fake_results(tmp_path / "b"), "val_loss")) == "bf16"
 
 
 def test_report_from_fake_results(tmp_path):
     results = fake_results(tmp_path)
     p = small_protocol(seeds=(1, 2, 3), format_sets=(MX,), sweep_rhos=(0.5, 0.75), sweep_format_sets=(MX,))
-    report = cp.write_report(results, p, tmp_path / "docs" / "results.md", command="python scripts/compare_policies.py X")
+    report = report_writer.write_report(results, p, tmp_path / "docs" / "results.md", command="python -m experiments.compare_policies X")
     text = report.read_text()
-    assert "python scripts/compare_policies.py X" in text.split("## Protocol")[0]
+    assert "python -m experiments.compare_policies X" in text.split("## Protocol")[0]
     # the snip row on the other domain: mean ± std, gap to BF16, paired difference (3 pairs)
     sm, ss = statistics.mean(SNIP.values()), statistics.stdev(SNIP.values())
     diffs = [SNIP[s] - BF16[s] for s in (1, 2, 3)]
@@ -244,8 +237,8 @@ def test_report_from_fake_results(tmp_path):
     assert f"{statistics.mean(d05):+.4f} ± {statistics.stdev(d05):.4f} (2)" in sweep
     assert "PLACEHOLDER" in text.split("## What this shows")[1]
     # a hand-written discussion next to the report replaces the placeholder and survives regeneration
-    (tmp_path / "docs" / cp.DISCUSSION_FILE).write_text("SNIP ties BF16 here because of X.\n")
-    text = cp.write_report(results, p, report, command="python scripts/compare_policies.py X").read_text()
+    (tmp_path / "docs" / report_writer.DISCUSSION_FILE).write_text("SNIP ties BF16 here because of X.\n")
+    text = report_writer.write_report(results, p, report, command="python -m experiments.compare_policies X").read_text()
     assert text.split("## What this shows")[1].strip() == "SNIP ties BF16 here because of X."
     figs = tmp_path / "docs" / "figures"
     assert (figs / "compare_curves_fp8-mxfp4.png").stat().st_size > 1000
@@ -270,10 +263,10 @@ def test_end_to_end_bf16_and_snip(tmp_path, capsys):
     argv = [*(a for s in SMALL_SETS for a in ("--set", s)), "--set", f"data.cache_dir={tmp_path / 'cache'}",
             "--steps", "3", "--warmup", "1", "--interval", "1", "--eval-interval", "3", "--eval-batches", "1",
             "--seeds", "1", "--policies", "bf16;snip", "--format-sets", "fp8,nvfp4", "--no-sweep",
-            "--train-corpus", str(train), "--valid-corpus", str(other), "--jobs", "2", "--timeout", "120",
+            "--train-corpus", str(train), "--valid-corpus", f"later={other}", "--valid-corpus", "python_docs=", "--jobs", "2", "--timeout", "120",
             "--out-dir", str(out), "--report", str(report)]
-    assert cp.main(argv) == 0
-    recs = {r["policy"]: r for r in cp.read_results(out / "results.jsonl")}
+    assert cli.main(argv) == 0
+    recs = {r["policy"]: r for r in store.read_results(out / "results.jsonl")}
     assert set(recs) == {"bf16", "snip"}
     for r in recs.values():
         assert r["status"] == "ok", r.get("log_tail")
@@ -287,6 +280,6 @@ def test_end_to_end_bf16_and_snip(tmp_path, capsys):
     assert text.index("`val_loss_later`") < text.index("training domain: held-out documents of")
     assert "| snip | fp8,nvfp4 | 0.75 |" in text and "compare_snip_precision_map_fp8-nvfp4_seed1.png" in text
     capsys.readouterr()
-    assert cp.main(argv) == 0  # a rerun trains nothing
+    assert cli.main(argv) == 0  # a rerun trains nothing
     assert "skipping 2 finished run(s)" in capsys.readouterr().out
-    assert len(cp.read_results(out / "results.jsonl")) == 2
+    assert len(store.read_results(out / "results.jsonl")) == 2

@@ -1,0 +1,79 @@
+"""The time model behind ``--dry-list``: estimated seconds per run, and the listing itself."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from experiments.comparison.protocol import Protocol, RunSpec
+from experiments.comparison.store import is_done
+from megatron_snip.precision.formats import FP4_FORMATS
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds per run, for ``--dry-list``: startup + steps x step time x emulation factor + re-plans + evals.
+
+    ``step_s`` is the BF16 step time of one job while ``jobs`` run at once. Emulation factors
+    and the re-plan cost can come from a ``python -m experiments.bench.overheads`` JSON (``--overheads``).
+    """
+
+    step_s: float
+    startup_s: float = 10.0
+    # Measured in the default comparison (docs/results.md, compiled quantizers, two 1-thread jobs on
+    # 2 cores): mean train seconds of the uniform runs over the BF16 runs' 95 s, and ~6 s per re-plan.
+    emulation: Mapping[str, float] = field(default_factory=lambda: {"bf16": 1.0, "fp8": 1.30, "nvfp4": 1.64, "mxfp4": 1.41})
+    replan_steps: float = 32.0  # one statistics re-plan, in BF16 training steps (same measurement)
+    eval_step_fraction: float = 0.33  # one eval micro-batch forward, in training steps
+
+    def run_s(self, spec: RunSpec, p: Protocol) -> float:
+        if spec.policy == "bf16":
+            shares = {"bf16": 1.0}
+        elif spec.policy.startswith("uniform:"):
+            shares = {spec.policy.split(":", 1)[1]: 1.0}
+        else:
+            fs = spec.formats or p.format_sets[0]
+            fp4 = next(f for f in fs if f in FP4_FORMATS)
+            high = next((f for f in fs if f not in FP4_FORMATS), "bf16")
+            shares = {fp4: spec.rho, high: 1.0 - spec.rho}
+        factor = sum(w * self.emulation.get(f, 2.0) for f, w in shares.items())
+        train = p.warmup * self.step_s + (p.steps - p.warmup) * self.step_s * factor
+        replans = len(range(p.warmup, p.steps, p.interval)) if spec.policy in ("snip", "min_rel_err") else 0
+        evals = (p.steps // p.eval_interval + 1) * p.eval_batches * len(p.domains)
+        return self.startup_s + train + replans * self.replan_steps * self.step_s \
+            + evals * self.eval_step_fraction * self.step_s * factor
+
+    @classmethod
+    def from_overheads(cls, path: Path, step_s: float) -> CostModel:
+        if not path.is_file():
+            raise ValueError(f"--overheads={str(path)!r} does not exist; write it with python -m experiments.bench.overheads --out")
+        d = json.loads(path.read_text())
+        emul = {f: float(v["ratio"]) for f, v in d.get("emulation", {}).get("formats", {}).items() if "ratio" in v}
+        kw = {}
+        if emul:
+            kw["emulation"] = {"bf16": 1.0, **emul}
+        if "replan" in d and "replan_over_step" in d["replan"]:
+            kw["replan_steps"] = float(d["replan"]["replan_over_step"])
+        return cls(step_s, **kw)
+
+
+def dry_list(specs: Sequence[RunSpec], p: Protocol, cost: CostModel, jobs: int, latest: Mapping[str, dict]) -> str:
+    lines = [f"{'run':<44} {'group':<7} {'est_s':>6}  status"]
+    todo_s = 0.0
+    for s in specs:
+        est = cost.run_s(s, p)
+        done = is_done(s, p, latest)
+        todo_s += 0.0 if done else est
+        lines.append(f"{s.name:<44} {s.group:<7} {est:>6.0f}  {'done' if done else 'todo'}")
+    total = sum(cost.run_s(s, p) for s in specs)
+    lines.append(f"{len(specs)} runs; estimated {total / 60 / max(1, jobs):.0f} min in all, "
+                 f"{todo_s / 60 / max(1, jobs):.0f} min still to run, with {jobs} job(s) at a time "
+                 f"(BF16 step {cost.step_s:.3f} s per job, emulation factors {dict(cost.emulation)}, "
+                 f"re-plan = {cost.replan_steps:.0f} steps; default factors: measured in the default comparison, "
+                 f"compiled quantizers; "
+                 f"pass --overheads <experiments.bench.overheads JSON> for others)")
+    return "\n".join(lines)
+
+

@@ -1,0 +1,226 @@
+"""The comparison's protocol: what is the same for every run, the run list, and each run's configuration.
+
+A run is identified by its *resolved* configuration (``resolved_config``: the config file plus
+the protocol's and the driver's overrides, the run directory left out), which every record in
+``results.jsonl`` stores; ``same_config`` decides whether a recorded run still counts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from megatron_snip.config import Config, load_config, parse_override
+from megatron_snip.data.pipeline import corpus_name
+from megatron_snip.precision.formats import FORMATS, FP4_FORMATS
+from megatron_snip.snip.policies import parse_policy
+
+REPO = Path(__file__).resolve().parents[2]  # the runs start here, so relative paths mean the same in every run
+
+FORMAT_FREE_POLICIES = ("bf16", "uniform:fp8", "uniform:nvfp4", "uniform:mxfp4")
+FORMAT_POLICIES = ("bf16_ends", "layer_type", "min_rel_err", "random", "snip")
+STATIC_BASELINES = ("bf16_ends", "layer_type", "random")  # candidates for the sweep's "best static baseline"
+DEFAULT_FORMAT_SETS = (("fp8", "nvfp4"), ("fp8", "mxfp4"))
+TRAIN_DOMAIN = "val_loss"
+# Other-domain validation corpora by name (the metric is ``val_loss_<name>``): the bundled
+# Moby-Dick, and the Python docs that ``scripts/prepare_corpus.py --out corpus`` fetches by package
+# name (``--valid-corpus python_docs=PATH`` points elsewhere, ``python_docs=`` drops it).
+DEFAULT_VALID_CORPORA = {"moby_dick": "bundled:moby_dick", "python_docs": "corpus/python_docs.jsonl"}
+# The default model and batch (on top of tiny.toml): 8 blocks so that bf16_ends at rho=0.75 is a
+# real recipe (first and last block high precision = exactly 75% FP4; with tiny's 4 blocks it
+# degenerates to all-FP4), d=128 and 128-token sequences so that 54 runs of 500 steps fit in
+# a CPU afternoon (--dry-list prints the estimate).
+DEFAULT_SETS = ("model.num_layers=8", "model.hidden_size=128", "model.ffn_hidden_size=384",
+                "training.seq_len=128", "training.micro_batch_size=8", "training.global_batch_size=8")
+# Keys the driver sets per run; a user --set on them would silently break pairing or resume.
+DRIVER_KEYS = frozenset({
+    "training.seed", "training.run_dir", "training.max_steps", "training.resume", "training.progress",
+    "training.log_interval", "training.eval_interval", "training.eval_batches", "precision.initial_plan",
+    "snip.enabled", "snip.policy", "snip.fp4_target", "snip.formats", "snip.warmup", "snip.interval", "snip.seed",
+    "data.train_path", "data.valid_paths",
+})
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """Everything that is the same for every run of one comparison."""
+
+    config: str = "launch/configs/tiny.toml"
+    steps: int = 500
+    warmup: int = 50
+    interval: int = 100
+    seeds: tuple[int, ...] = (1, 2, 3)
+    rho: float = 0.75
+    format_sets: tuple[tuple[str, ...], ...] = DEFAULT_FORMAT_SETS
+    sweep_rhos: tuple[float, ...] = (0.5, 0.75, 0.9)
+    sweep_format_sets: tuple[tuple[str, ...], ...] = (("fp8", "mxfp4"),)
+    policies: tuple[str, ...] = FORMAT_FREE_POLICIES + FORMAT_POLICIES
+    train_corpus: str = "bundled:sotu"
+    valid_corpora: tuple[str, ...] = ("bundled:moby_dick",)
+    eval_interval: int = 100
+    eval_batches: int = 8
+    overrides: tuple[str, ...] = DEFAULT_SETS  # applied to every run before the driver's own --set
+
+    def __post_init__(self) -> None:
+        if self.steps <= 0:
+            raise ValueError(f"--steps={self.steps} must be > 0")
+        if not 0 <= self.warmup < self.steps:
+            raise ValueError(f"--warmup={self.warmup} must be in [0, --steps={self.steps}) so the policy is applied")
+        if self.interval <= 0:
+            raise ValueError(f"--interval={self.interval} must be > 0")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"--seeds={list(self.seeds)} must be distinct integers, e.g. 1,2,3")
+        for name, r in [("--rho", self.rho), *(("--sweep-rhos", r) for r in self.sweep_rhos)]:
+            if not 0.0 < r <= 1.0:
+                raise ValueError(f"{name}={r} must be in (0, 1] (a share of linear-layer FLOPs in FP4)")
+        if not self.format_sets:
+            raise ValueError("--format-sets is empty; give at least one candidate set, e.g. 'fp8,mxfp4'")
+        for fs in self.format_sets + self.sweep_format_sets:
+            bad = [f for f in fs if f not in FORMATS]
+            if bad or not any(f in FP4_FORMATS for f in fs) or len(set(fs)) != len(fs):
+                raise ValueError(f"format set {','.join(fs)!r} must list distinct formats from {sorted(FORMATS)} "
+                                 f"including an FP4 one, e.g. fp8,mxfp4")
+        for p in self.policies:
+            parse_policy(p)  # ValueError naming the spec forms
+            if p not in FORMAT_FREE_POLICIES and p not in FORMAT_POLICIES:
+                raise ValueError(f"--policies entry {p!r} is not part of this comparison; choose from "
+                                 f"{list(FORMAT_FREE_POLICIES + FORMAT_POLICIES)}")
+        names = [corpus_name(p) for p in self.valid_corpora]
+        if len(set(names)) != len(names) or "valid" in names:
+            raise ValueError(f"--valid-corpus names {names} must be distinct and not 'valid' (each is logged as "
+                             f"val_loss_<file stem>); rename a file")
+        if self.eval_interval <= 0 or self.eval_batches <= 0:
+            raise ValueError(f"--eval-interval={self.eval_interval} and --eval-batches={self.eval_batches} must be > 0")
+        for ov in self.overrides:
+            section, key, _ = parse_override(ov)
+            if f"{section}.{key}" in DRIVER_KEYS:
+                raise ValueError(f"--set {ov!r}: {section}.{key} is set by the driver per run; use its own option "
+                                 f"(--steps, --warmup, --interval, --seeds, --rho, --train-corpus, ...)")
+
+    @property
+    def domains(self) -> tuple[str, ...]:
+        """Metric keys of the validation sets: other domains first (the headline), training domain last."""
+        return tuple(f"val_loss_{corpus_name(p)}" for p in self.valid_corpora) + (TRAIN_DOMAIN,)
+
+    def to_json_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json_dict(cls, d: Mapping) -> Protocol:
+        tuples = {k: tuple(tuple(x) if isinstance(x, list) else x for x in v) for k, v in d.items() if isinstance(v, list)}
+        return cls(**{**d, **tuples})
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run. ``formats``/``rho`` are None for policies that do not depend on them."""
+
+    seed: int
+    policy: str
+    formats: tuple[str, ...] | None = None
+    rho: float | None = None
+    group: str = field(default="primary", compare=False)  # "primary" or "sweep" (report section)
+
+    @property
+    def key(self) -> tuple:
+        return (self.policy, self.formats, self.rho, self.seed)
+
+    @property
+    def name(self) -> str:
+        """Run directory name, e.g. ``snip_fp8-mxfp4_rho0.75_seed1`` or ``uniform-nvfp4_seed2``."""
+        slug = re.sub(r"[^A-Za-z0-9.]+", "-", self.policy)
+        if self.formats is None:
+            return f"{slug}_seed{self.seed}"
+        return f"{slug}_{'-'.join(self.formats)}_rho{self.rho:g}_seed{self.seed}"
+
+
+def primary_runs(p: Protocol) -> list[RunSpec]:
+    """The primary comparison: format-free policies once per seed, the others once per format set.
+
+    Ordered seed-major, so an interrupted sweep leaves whole seeds (paired comparisons) done.
+    """
+    runs = []
+    for seed in p.seeds:
+        runs += [RunSpec(seed, pol) for pol in FORMAT_FREE_POLICIES if pol in p.policies]
+        runs += [RunSpec(seed, pol, fs, p.rho) for fs in p.format_sets for pol in FORMAT_POLICIES if pol in p.policies]
+    return runs
+
+
+def sweep_runs(p: Protocol, best_static: Mapping[tuple[str, ...], str | None]) -> list[RunSpec]:
+    """``snip`` and the best static baseline at every rho of the sweep, minus the primary runs.
+
+    ``best_static[formats]`` is the baseline policy for that format set (None: not known yet,
+    e.g. before the primary runs finished; then only ``snip`` is listed).
+    """
+    primary = {r.key for r in primary_runs(p)}
+    runs = []
+    for seed in p.seeds:
+        for fs in p.sweep_format_sets:
+            for pol in dict.fromkeys(x for x in ("snip", best_static.get(fs)) if x):
+                for rho in p.sweep_rhos:
+                    spec = RunSpec(seed, pol, fs, rho, group="sweep")
+                    if spec.key not in primary:
+                        runs.append(spec)
+    return runs
+
+
+def run_overrides(spec: RunSpec, p: Protocol, run_dir: Path) -> list[str]:
+    """The ``--set`` list of one run: the user's overrides, then the driver's (which win)."""
+    if spec.formats is not None:
+        formats, rho = spec.formats, spec.rho
+    else:
+        # Format-free policies ignore the candidates; the controller still checks them, so give a
+        # set that contains the run's own FP4 format (if any) and the primary rho.
+        fmt = spec.policy.split(":", 1)[1] if spec.policy.startswith("uniform:") else None
+        formats = ("fp8", fmt) if fmt in FP4_FORMATS else p.format_sets[0]
+        rho = p.rho
+    valid = "[" + ", ".join(json.dumps(v) for v in p.valid_corpora) + "]"
+    return [*p.overrides,
+            f"training.max_steps={p.steps}", f"training.seed={spec.seed}", f"training.run_dir={json.dumps(str(run_dir))}",
+            "training.resume=false", "training.progress=false", "training.log_interval=1",
+            f"training.eval_interval={p.eval_interval}", f"training.eval_batches={p.eval_batches}",
+            "precision.initial_plan=bf16", "snip.enabled=true", f"snip.policy={json.dumps(spec.policy)}",
+            f"snip.fp4_target={rho}", "snip.formats=[" + ", ".join(json.dumps(f) for f in formats) + "]",
+            f"snip.warmup={p.warmup}", f"snip.interval={p.interval}", f"snip.seed={spec.seed}",
+            f"data.train_path={json.dumps(p.train_corpus)}", f"data.valid_paths={valid}"]
+
+
+def config_path(p: Protocol) -> Path:
+    """``p.config`` as given, else relative to the repository (where the runs start)."""
+    path = Path(p.config)
+    return path if path.is_file() or path.is_absolute() else REPO / path
+
+
+def resolved_config(spec: RunSpec, p: Protocol) -> dict[str, dict[str, Any]]:
+    """Identity of a run's configuration, as its record stores it: the resolved config (file +
+    overrides, the run dir left out) as {section: {field: value}}, JSON-normalized."""
+    cfg = load_config(config_path(p), run_overrides(spec, p, Path("RUN_DIR")))
+    return json.loads(json.dumps(cfg.to_dict()))
+
+
+_DEFAULTS = json.loads(json.dumps(Config().to_dict()))
+
+
+def same_config(recorded: Mapping[str, Mapping[str, Any]] | None, current: Mapping[str, Mapping[str, Any]]) -> bool:
+    """Was a recorded run made with the ``current`` configuration? Every field the record has
+    must be equal (so a changed value or default makes the run stale, an edited comment does
+    not), and a field it lacks must be at its default: it was added to ``Config`` after the
+    run, and a new field's default keeps the old behaviour. A recorded field that no longer
+    exists makes the run stale."""
+    if not recorded:
+        return False
+    if any(key not in current.get(section, {}) for section, values in recorded.items() for key in values):
+        return False
+    return all(recorded.get(section, {}).get(key, _DEFAULTS[section][key]) == value
+               for section, values in current.items() for key, value in values.items())
+
+
+
+
+def fmt_key(formats) -> tuple[str, ...] | None:
+    """A record's ``formats`` (a JSON list or None) as a RunSpec holds it."""
+    return None if formats is None else tuple(formats)

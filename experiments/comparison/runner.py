@@ -1,0 +1,125 @@
+"""Running the comparison: one training subprocess per run, ``jobs`` at a time, each record
+appended to the store as its run finishes."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from experiments.comparison.protocol import REPO, Protocol, RunSpec, config_path, resolved_config, run_overrides
+from experiments.comparison.store import append_record, is_done, latest_records, read_results
+from megatron_snip.telemetry.run_reader import load_run
+
+
+def parse_run_dir(run_dir: Path) -> dict:
+    """Final validation losses, FP4 shares and timings from a finished run's ``metrics.jsonl``
+    (read by ``telemetry.run_reader.load_run``, as ``scripts/plot_run.py`` reads it).
+
+    train_s sums the per-step ``step_time_s`` (logged every step with ``log_interval=1``);
+    replan_s sums the controller's ``replan_replan_total_s`` (statistics + metrics + solve + apply).
+    """
+    series = load_run(run_dir).series
+
+    def values(key: str) -> list[float]:
+        return series.get(key, ([], []))[1]
+
+    final = {}
+    for key in series:  # the latest finite evaluation (at the last step when the run finished)
+        finite = [v for v in values(key) if math.isfinite(v)]
+        if key.startswith("val_loss") and finite:
+            final[key] = finite[-1]
+    shares, replan = values("fp4_share"), values("replan_replan_total_s")
+    out = {"final": final, "last_step": max((steps[-1] for steps, _ in series.values() if steps), default=0),
+           "train_s": sum(values("step_time_s")), "replan_s": sum(replan), "replans": len(replan),
+           "fp4_share": shares[-1] if shares else None,
+           "fp4_share_mean": float(np.mean(shares)) if shares else None,
+           "skipped_steps": int(max(values("skipped_steps"), default=0))}
+    plans = sorted((run_dir / "plans").glob("step_*[0-9].json")) if (run_dir / "plans").is_dir() else []
+    if plans:
+        out["final_plan"] = str(plans[-1].relative_to(run_dir))
+    return out
+
+
+def train_command(p: Protocol, overrides: Sequence[str]) -> list[str]:
+    cmd = [sys.executable, "-m", "megatron_snip.train", "--config", str(config_path(p))]
+    for ov in overrides:
+        cmd += ["--set", ov]
+    return cmd
+
+
+def execute(spec: RunSpec, p: Protocol, out_dir: Path, *, threads: int, timeout_s: float,
+            keep_checkpoints: bool = False) -> dict:
+    """Train ``spec`` in a fresh ``out_dir/<name>`` as a subprocess; returns its results record."""
+    run_dir = out_dir / spec.name
+    if run_dir.exists():
+        shutil.rmtree(run_dir)  # a partial or stale run: start over (the trainer would append to it)
+    run_dir.mkdir(parents=True)
+    cmd = train_command(p, run_overrides(spec, p, run_dir))
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "WANDB_MODE": "disabled"}
+    rec = {"name": spec.name, "policy": spec.policy, "formats": None if spec.formats is None else list(spec.formats),
+           "rho": spec.rho, "seed": spec.seed, "group": spec.group, "steps": p.steps, "threads": threads,
+           "config": resolved_config(spec, p), "command": shlex.join(cmd), "run_dir": str(run_dir)}
+    t0 = time.perf_counter()
+    with open(run_dir / "train.log", "w") as log:
+        log.write(rec["command"] + "\n\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+            status = "ok" if rc == 0 else "failed"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)  # its own session: the trainer and anything it started
+            rc = proc.wait()
+            status = "timeout"
+    rec.update(returncode=rc, wall_s=time.perf_counter() - t0, finished_at=time.strftime("%Y-%m-%d %H:%M:%S"))
+    if (run_dir / "metrics.jsonl").is_file():
+        try:
+            rec.update(parse_run_dir(run_dir))
+        except ValueError as e:  # a corrupt metrics.jsonl: the run counts as failed, the driver goes on
+            status, rec["parse_error"] = "failed", str(e)
+    if status == "ok" and rec.get("last_step") != p.steps:
+        status = "failed"  # exited 0 without reaching max_steps: not a result
+    rec["status"] = status
+    if status != "ok":
+        rec["log_tail"] = (run_dir / "train.log").read_text(errors="replace")[-2000:]
+    if not keep_checkpoints:
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # ~40 MB each for tiny; not needed here
+    return rec
+
+
+def run_all(specs: Sequence[RunSpec], p: Protocol, out_dir: Path, *, jobs: int, threads: int, timeout_s: float,
+            keep_checkpoints: bool = False, log=print) -> list[dict]:
+    """Run every spec not already done (``jobs`` at a time); append each record as it finishes."""
+    results_path = out_dir / "results.jsonl"
+    latest = latest_records(read_results(results_path))
+    todo = [s for s in specs if not is_done(s, p, latest)]
+    if len(todo) < len(specs):
+        log(f"skipping {len(specs) - len(todo)} finished run(s)")
+    lock = threading.Lock()
+    done: list[dict] = []
+
+    def one(spec: RunSpec) -> dict:
+        rec = execute(spec, p, out_dir, threads=threads, timeout_s=timeout_s, keep_checkpoints=keep_checkpoints)
+        with lock:
+            append_record(results_path, rec)
+            done.append(rec)
+            losses = " ".join(f"{k}={v:.4f}" for k, v in rec.get("final", {}).items())
+            log(f"[{len(done)}/{len(todo)}] {spec.name}: {rec['status']} in {rec['wall_s']:.0f}s {losses}")
+        return rec
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        list(pool.map(one, todo))
+    return done
+
+
