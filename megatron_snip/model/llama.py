@@ -176,7 +176,7 @@ class LlamaModel(nn.Module):
         fprop X (T, K), W (N, K); dgrad dY (T, N), Wᵀ (K, N); wgrad dYᵀ (N, T), Xᵀ (K, T).
         """
         from megatron_snip.precision.formats import Operand, get_format
-        from megatron_snip.precision.quantize import check_operand_shape
+        from megatron_snip.precision.quantize.blocks import check_operand_shape
 
         act, wt, grad = Operand.ACTIVATION, Operand.WEIGHT, Operand.GRADIENT
         errors = []

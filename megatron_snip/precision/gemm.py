@@ -44,7 +44,8 @@ from torch import nn
 
 from megatron_snip.precision.formats import Operand, get_format
 from megatron_snip.precision.plan import GEMMS, GemmPrecision
-from megatron_snip.precision.quantize import check_operand_shape, quantize
+from megatron_snip.precision.quantize import quantize
+from megatron_snip.precision.quantize.blocks import check_operand_shape
 
 __all__ = ["QuantLinear", "check_linear_shapes", "quant_linear", "tune_cpu_malloc"]
 
