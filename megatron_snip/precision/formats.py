@@ -1,7 +1,7 @@
 """Format specifications: what each precision name means.
 
 A format is data: its element types, block geometry and scaling rule. The
-quantize-dequantize math lives in ``quantize.py``; backends and plans refer to
+quantize-dequantize math lives in the ``quantize`` package; backends and plans refer to
 formats by name (``"bf16"``, ``"fp8"``, ...).
 
 Blocks always run along a GEMM's reduction dimension (see ARCHITECTURE.md,

@@ -172,7 +172,10 @@ class Trainer:
             formats |= set(self.cfg.snip.formats)
         require(p.backend, formats, self.device)
         if p.backend == "te":
-            return get_backend("te", amax_group=self.topo.tp_group)
+            backend = get_backend("te", tp_size=self.topo.tp)
+            backend.check_run(initial_plan, formats, activation_dtype=self.autocast_dtype or torch.float32,
+                              per_gemm_replans=self.cfg.snip.enabled and self.cfg.snip.granularity == "gemm")
+            return backend
         return get_backend("emulated", compiled=p.compile_quantizers)
 
     def _build_data(self) -> DataBundle:

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 
-from megatron_snip.precision import quantize as Q
 from megatron_snip.precision.formats import (
     E2M1,
     E4M3,
@@ -23,16 +22,10 @@ from megatron_snip.precision.formats import (
     Operand,
     get_format,
 )
-from megatron_snip.precision.quantize import (
-    hadamard_transform,
-    quantize,
-    rht_matrix,
-    round_e2m1,
-    round_e4m3,
-    round_e5m2,
-    round_e8m0,
-    uniform_noise,
-)
+from megatron_snip.precision.quantize import compiled, noise, quantize, rounding
+from megatron_snip.precision.quantize.hadamard import hadamard_transform, rht_matrix
+from megatron_snip.precision.quantize.noise import uniform_noise
+from megatron_snip.precision.quantize.rounding import round_e2m1, round_e4m3, round_e5m2, round_e8m0
 
 LOW_PRECISION = [f for f in FORMATS if f != "bf16"]
 NAN = float("nan")
@@ -102,18 +95,18 @@ def test_element_rounding_saturates_and_keeps_nan(rounder, elem):
 @pytest.mark.parametrize("rounder,ml_type,elem", ROUNDERS, ids=["e4m3", "e5m2", "e2m1"])
 def test_arithmetic_rounding_matches_ml_dtypes_and_eager_fast_paths(rounder, ml_type, elem):
     # round_eXmY above runs the eager fast paths (float8 casts, the E2M1 magic add); torch.compile
-    # traces Q._round_arith instead. Pin the latter to ml_dtypes too, and both to each other on
+    # traces rounding._round_arith instead. Pin the latter to ml_dtypes too, and both to each other on
     # the values ml_dtypes cannot judge (saturation, Inf, NaN, signed zeros, fp32 subnormals).
     x = _grid_and_midpoints(ml_type)
     x = x[np.abs(x) <= elem.max]
     want = x.astype(ml_type).astype(np.float32)
-    got = Q._round_arith(torch.from_numpy(x), elem, None).numpy()
+    got = rounding._round_arith(torch.from_numpy(x), elem, None).numpy()
     np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
     g = torch.Generator().manual_seed(2)
     mag = torch.exp2(torch.empty(20000).uniform_(math.log2(elem.max) - 40, math.log2(elem.max) + 3, generator=g))
     special = torch.tensor([0.0, -0.0, 1e-45, -1e-40, elem.max, elem.max * 1.01, 1e30, 3e38, INF, -INF, NAN])
     xs = torch.cat([mag * torch.where(torch.rand(20000, generator=g) < 0.5, -1.0, 1.0), special, -special])
-    assert bits_equal(Q._round_arith(xs, elem, None), rounder(xs))
+    assert bits_equal(rounding._round_arith(xs, elem, None), rounder(xs))
 
 
 def test_eager_noise_matches_traced_noise():
@@ -121,9 +114,9 @@ def test_eager_noise_matches_traced_noise():
     counter = torch.randint(-(2**31), 2**31, (5000,), generator=gen(0), dtype=torch.int32)
     seeds = torch.tensor([-123456789, 2**31 - 5], dtype=torch.int32)
     before = counter.clone()
-    u = Q._uniform_from_counter(counter, seeds)
+    u = noise._uniform_from_counter(counter, seeds)
     assert torch.equal(counter, before)  # the caller's counters are not modified
-    h = Q._mix32(Q._mix32(counter + seeds[0]) ^ seeds[1])
+    h = noise._mix32(noise._mix32(counter + seeds[0]) ^ seeds[1])
     assert torch.equal(u, ((h >> 8) & 0xFFFFFF).to(torch.float32) * 2.0**-24)
 
 
@@ -179,7 +172,7 @@ def test_nvfp4_gradient_stochastic_rounding_unbiased_and_deterministic():
 
 
 def _mix32_python(h: int) -> int:
-    """The noise mixer in plain Python integers (the specification of quantize._mix32)."""
+    """The noise mixer in plain Python integers (the specification of noise._mix32)."""
     m = 0xFFFFFFFF
     h ^= h >> 16
     h = (h * 0x21F0AAAD) & m
@@ -205,7 +198,7 @@ def test_uniform_noise_golden_values():
     # counters past 2**31 (tensors over 2G elements) wrap like uint32
     big = [2**31 - 1, 2**31, 2**32 - 1]
     counters = torch.tensor([c - 2**32 if c >= 2**31 else c for c in big], dtype=torch.int32)
-    got = Q._uniform_from_counter(counters, seeds)
+    got = noise._uniform_from_counter(counters, seeds)
     assert got.tolist() == [want(c) for c in big]
 
 
@@ -424,7 +417,7 @@ def test_square_weight_blocks_commute_with_transpose(fmt):
 
 
 def test_compiled_matches_eager():
-    ok, reason = Q.compiled_quantizers_available()
+    ok, reason = compiled.compiled_quantizers_available()
     if not ok:
         pytest.skip(f"torch.compile unavailable here: {reason}")
     x = torch.randn(64, 128, generator=gen(0)) * 3
@@ -438,7 +431,7 @@ def test_compiled_matches_eager():
     for fmt, operand, h, inp in cases:
         eager = quantize(inp, fmt, operand, generator=gen(1), hadamard=h)
         comp = quantize(inp, fmt, operand, generator=gen(1), hadamard=h, compiled=True)
-        assert Q.compiled_quantizers_available()[0], Q.compiled_quantizers_available()[1]
+        assert compiled.compiled_quantizers_available()[0], compiled.compiled_quantizers_available()[1]
         assert bits_equal(eager, comp), (fmt, operand, h)
 
 

@@ -6,34 +6,48 @@ GPU dependency (``pip install .[gpu]``) and this module must import on CPU.
 What it does and does not do:
   * One recipe per linear: TE applies a recipe to all three GEMMs of a module,
     so a ``GemmPrecision`` must name the same format for fprop, dgrad and
-    wgrad (mixed per-GEMM precisions need ``precision.backend="emulated"``).
+    wgrad. ``check_run`` refuses, at start-up, an initial plan that mixes them
+    and SNIP re-planning per GEMM (``snip.granularity="gemm"``); per-GEMM
+    precisions need ``precision.backend="torch"`` or ``"emulated"``.
   * Recipes: fp8 -> Float8CurrentScaling(HYBRID: E4M3 fwd, E5M2 bwd),
     fp8_block -> Float8BlockScaling(E4M3; 1x128 / 128x128 blocks, pow2 scales),
     mxfp8 -> MXFP8BlockScaling(E4M3), nvfp4 -> NVFP4BlockScaling() (defaults:
     2-D weight blocks, SR on gradients, RHT on the wgrad operands); bf16 runs
-    the module with quantization disabled; mxfp4 has no TE recipe.
+    the module with quantization disabled; mxfp4 has no TE recipe. Each recipe
+    is built once per backend, and each (format, device) capability checked once.
+  * Tensor parallelism: ``amax_reduction_group`` of ``te.autocast`` is read by
+    delayed scaling only; with current scaling (fp8) and NVFP4, TE reduces
+    amaxes over a module's own ``tp_group``, which our private, un-sharded
+    ``te.Linear`` does not have. Each TP shard would scale with its local amax,
+    unlike the emulated reference (one whole-tensor amax), so formats with a
+    tensor scale are refused under TP (``check_run``); block-scaled formats
+    (fp8_block, mxfp8) and bf16 need no cross-shard amax and run under TP.
+  * NVFP4: TE applies its wgrad RHT to bf16 inputs only, so nvfp4 needs bf16
+    activations (bf16 autocast, ``training.dtype``); fp32 is refused.
   * The caller's weight Parameter is installed in a private ``te.Linear``
     (TE reads ``self.weight`` by name at every forward), so gradients land on
     the caller's Parameter as with ``quant_linear``.
-  * TP amax reduction in TE takes a process group, not a callable: build
-    ``TEBackend(amax_group=tp_group)``.
   * Stochastic rounding uses TE's own CUDA RNG; ``generator`` is not used.
   * TE's numerics follow its kernels (e.g. its NVFP4 scale arithmetic), so they
     match the emulated reference closely but not bit for bit.
-This module has not been run on a GPU in this repository yet (see tests/gpu/).
+Our wrapper logic is tested on CPU against a stand-in with ``te.Linear``'s
+interface (tests/unit/test_te_backend_wrapper.py); TE itself has not run in this
+repository (tests/gpu/ needs CUDA and transformer_engine).
 """
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
 
 from megatron_snip.precision.backends import Backend
-from megatron_snip.precision.plan import GemmPrecision
+from megatron_snip.precision.formats import get_format
+from megatron_snip.precision.plan import GemmPrecision, PrecisionPlan
+
+__all__ = ["TEBackend", "make_recipe", "uniform_format"]
 
 
 def make_recipe(fmt: str) -> Any:
@@ -53,15 +67,18 @@ def make_recipe(fmt: str) -> Any:
     return te_recipe.NVFP4BlockScaling()  # nvfp4
 
 
-def _autocast(recipe: Any, group: Any) -> AbstractContextManager:
-    """TE's quantization context: ``te.autocast`` (TE >= 2.8) or the older ``te.fp8_autocast``."""
+def _autocast(recipe: Any) -> AbstractContextManager:
+    """TE's quantization context: ``te.autocast`` (TE >= 2.8) or the older ``te.fp8_autocast``.
+
+    No amax group: it would only reach delayed scaling, which no recipe here uses (see the
+    module docstring on tensor parallelism)."""
     if recipe is None:
         return nullcontext()
     import transformer_engine.pytorch as te
 
     if hasattr(te, "autocast"):
-        return te.autocast(enabled=True, recipe=recipe, amax_reduction_group=group)
-    return te.fp8_autocast(enabled=True, fp8_recipe=recipe, fp8_group=group)
+        return te.autocast(enabled=True, recipe=recipe)
+    return te.fp8_autocast(enabled=True, fp8_recipe=recipe)
 
 
 def uniform_format(precision: GemmPrecision) -> str:
@@ -70,37 +87,98 @@ def uniform_format(precision: GemmPrecision) -> str:
     if len(fmts) != 1:
         raise ValueError(
             f"the te backend runs one recipe per linear, but {precision} mixes formats; "
-            'use precision.backend="emulated" for per-GEMM precisions (or a layer-granular plan)'
+            'use precision.backend="torch" or "emulated" for per-GEMM precisions (or snip.granularity="layer")'
         )
     return fmts.pop()
+
+
+def _input_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype TE computes x in: the autocast dtype when autocast is on for x's device (TE casts)."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
 
 
 class TEBackend(Backend):
     """Runs linears through ``transformer_engine.pytorch.Linear`` (CUDA only).
 
     Args:
-        amax_group: process group over which TE reduces tensor amaxes (the TP
-            group under tensor parallelism), or None.
+        tp_size: tensor-parallel size of the run; formats with a tensor scale
+            (fp8, nvfp4) are refused when it is > 1 (see the module docstring).
     """
 
     name = "te"
     # te.Linear frees its saved tensors in backward (NVIDIA/TransformerEngine#990): one backward per graph.
     repeatable_backward = False
 
-    def __init__(self, amax_group: Any = None) -> None:
-        self.amax_group = amax_group
-        # weight Parameter -> the te.Linear that runs it (dies with the Parameter)
-        self._modules: weakref.WeakKeyDictionary[torch.Tensor, Any] = weakref.WeakKeyDictionary()
+    def __init__(self, tp_size: int = 1) -> None:
+        self.tp_size = tp_size
+        # id(weight Parameter) -> (that Parameter, the te.Linear running it). Keyed by id, with
+        # the identity checked on lookup: a WeakKeyDictionary compares tensor keys with ``==``
+        # (elementwise) on the second lookup and raises. The te.Linear holds the Parameter
+        # anyway, so a strong reference costs nothing the backend did not already keep alive.
+        self._modules: dict[int, tuple[torch.nn.Parameter, Any]] = {}
+        self._recipes: dict[str, Any] = {}
+        self._capable: dict[tuple[str, str], tuple[bool, str]] = {}
 
-    def _module_for(self, weight: torch.Tensor) -> Any:
-        module = self._modules.get(weight)
-        if module is None:
-            import transformer_engine.pytorch as te
+    def check_run(self, plan: PrecisionPlan, formats: Iterable[str], *, per_gemm_replans: bool,
+                  activation_dtype: torch.dtype) -> None:
+        """Refuse at start-up what would otherwise fail mid-run: ValueError naming the setting and the fix.
 
-            out_features, in_features = weight.shape
-            module = te.Linear(in_features, out_features, bias=False, params_dtype=weight.dtype, device=weight.device)
-            module.weight = weight  # TE fetches getattr(self, "weight") each forward
-            self._modules[weight] = module
+        Args:
+            plan: the initial plan (every linear must use one format for its three GEMMs).
+            formats: every format the run may use (the plan's and SNIP's candidates).
+            per_gemm_replans: whether re-plans may assign GEMMs of one linear different formats.
+            activation_dtype: the dtype the linears see (the autocast dtype, else fp32).
+        """
+        problems = []
+        fmts_by_linear: dict[tuple[int, str], set[str]] = {}
+        for g, f in plan.entries:
+            fmts_by_linear.setdefault((g.layer, g.linear), set()).add(f)
+        mixed = sorted(key for key, fs in fmts_by_linear.items() if len(fs) > 1)
+        if mixed:
+            problems.append(f"precision.initial_plan mixes formats within linear(s) {mixed[:4]}"
+                            f"{' ...' if len(mixed) > 4 else ''} (TE runs one recipe per linear)")
+        if per_gemm_replans:
+            problems.append('snip.granularity="gemm" re-plans each GEMM separately (TE runs one recipe per '
+                            'linear); set snip.granularity="layer"')
+        formats = set(formats)
+        if self.tp_size > 1:
+            tensor_scaled = sorted(f for f in formats if get_format(f).uses_tensor_amax)
+            if tensor_scaled:
+                problems.append(f"format(s) {tensor_scaled} need a whole-tensor amax across parallel.tp="
+                                f"{self.tp_size} shards, which TE's current-scaling/NVFP4 recipes do not reduce for "
+                                "our linears (each shard would scale with its local amax); drop them from the plan and "
+                                "snip.formats (fp8_block, mxfp8 are block-scaled) or set parallel.tp=1")
+        if "nvfp4" in formats and activation_dtype != torch.bfloat16:
+            problems.append(f"nvfp4 in TE applies its Hadamard transform to bf16 inputs only, but the linears "
+                            f"run in {activation_dtype}; set training.dtype=\"bfloat16\"")
+        if problems:
+            raise ValueError("precision.backend=\"te\" cannot run this configuration: " + "; ".join(problems)
+                             + '. Fix as said, or set precision.backend="torch" (per-GEMM FP8 through PyTorch) '
+                             'or "emulated".')
+
+    def _recipe(self, fmt: str) -> Any:
+        if fmt not in self._recipes:
+            self._recipes[fmt] = make_recipe(fmt)
+        return self._recipes[fmt]
+
+    def _supports_once(self, fmt: str, device: torch.device) -> tuple[bool, str]:
+        key = (fmt, str(device))
+        if key not in self._capable:
+            self._capable[key] = self.supports(fmt, device)
+        return self._capable[key]
+
+    def _module_for(self, weight: torch.nn.Parameter) -> Any:
+        entry = self._modules.get(id(weight))
+        if entry is not None and entry[0] is weight:
+            return entry[1]
+        import transformer_engine.pytorch as te
+
+        out_features, in_features = weight.shape
+        module = te.Linear(in_features, out_features, bias=False, params_dtype=weight.dtype, device=weight.device)
+        module.weight = weight  # TE fetches getattr(self, "weight") each forward
+        self._modules[id(weight)] = (weight, module)
         return module
 
     def linear(
@@ -113,16 +191,18 @@ class TEBackend(Backend):
         generator: torch.Generator | None = None,
     ) -> torch.Tensor:
         fmt = uniform_format(precision)
-        ok, reason = self.supports(fmt, x.device)
+        ok, reason = self._supports_once(fmt, x.device)
         if not ok:
             raise ValueError(f"te backend cannot run {fmt}: {reason}. Fix: set precision.backend=\"emulated\"")
-        if amax_reduce is not None and self.amax_group is None:
-            raise ValueError(
-                "te backend reduces amaxes over a process group, not a callable: "
-                "build TEBackend(amax_group=tp_group) instead of passing amax_reduce"
-            )
+        if amax_reduce is not None and get_format(fmt).uses_tensor_amax:
+            raise ValueError(f"te backend cannot run {fmt} on a tensor-parallel shard: TE would scale it with the "
+                             "local amax, not the whole tensor's. Fix: parallel.tp=1, a block-scaled format "
+                             '(fp8_block, mxfp8), or precision.backend="torch"/"emulated"')
+        if fmt == "nvfp4" and _input_dtype(x) != torch.bfloat16:
+            raise ValueError(f"te backend runs nvfp4 on bf16 inputs only (TE's RHT), got {_input_dtype(x)}. "
+                             'Fix: bf16 autocast (training.dtype="bfloat16") or precision.backend="emulated"')
         if not isinstance(weight, torch.nn.Parameter):
             raise TypeError("te backend needs the weight as an nn.Parameter (it is installed in a te.Linear)")
         module = self._module_for(weight)
-        with _autocast(make_recipe(fmt), self.amax_group):
+        with _autocast(self._recipe(fmt)):
             return module(x)

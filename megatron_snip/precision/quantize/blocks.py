@@ -1,0 +1,149 @@
+"""Block scaling: the quantize-dequantize math of one 2-D operand in its physical layout, and its shape rules.
+
+``_qdq`` is the specification of every format's scaling (tensor, power-of-two
+blocks, E8M0 blocks, E4M3 blocks under an FP32 tensor scale); ``quantize`` in
+this package's ``__init__`` is its public entry point.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import torch
+
+from megatron_snip.precision.formats import E2M1, E4M3, E5M2, Format, Operand, Scaling, get_format
+from megatron_snip.precision.quantize.bits import _F32_MAX, _exp2i, _f32_bits, _floor_log2, _mantissa_bits, _rdiv
+from megatron_snip.precision.quantize.hadamard import RHT_SIZE, _rht_physical
+from megatron_snip.precision.quantize.noise import _noise_physical
+from megatron_snip.precision.quantize.rounding import round_e4m3, round_to_element
+
+_NVFP4_TENSOR_MAX = E4M3.max * E2M1.max  # 448 * 6: the NVFP4 tensor scale maps the tensor amax here
+# fl32(1/6): TE folds the E2M1 reciprocal into the tensor-scale multiplier; we round it the same way.
+_RCP_E2M1_MAX = struct.unpack("<f", struct.pack("<f", 1.0 / E2M1.max))[0]
+# Fraction bits of each element's max (448 = 1.75 * 2**8 -> 0x600000). Precomputed:
+# torch.compile cannot trace ``struct``.
+_MAX_MANTISSA_BITS = {e.name: _f32_bits(e.max) & 0x7FFFFF for e in (E4M3, E5M2, E2M1)}
+
+
+def check_operand_shape(
+    shape: torch.Size | tuple[int, ...], fmt: str | Format, operand: Operand | str, *, hadamard: bool = False
+) -> None:
+    """Raise ValueError unless a (rows, cols) operand (reduction dim last) fits ``fmt``'s blocks."""
+    spec = get_format(fmt) if isinstance(fmt, str) else fmt
+    operand = Operand(operand)
+    if len(shape) != 2:
+        raise ValueError(
+            f"quantize expects a 2-D (rows, cols) operand with the GEMM's reduction dim last; got shape {tuple(shape)}"
+        )
+    rows, cols = shape
+    if rows * cols > 2**32:
+        raise ValueError(f"quantize: operand {rows}x{cols} has more than 2**32 elements; split it")
+    if hadamard and cols % RHT_SIZE:
+        raise ValueError(
+            f"the {RHT_SIZE}-point Hadamard transform runs along the reduction (last) dim, which has size {cols}; "
+            f"it must be a multiple of {RHT_SIZE}"
+        )
+    if not spec.quantizes:
+        return
+    br, bc = spec.block_for(operand)
+    if bc and cols % bc:
+        raise ValueError(
+            f"format {spec.name!r} quantizes {operand.value} operands in blocks of {bc} along the reduction "
+            f"(last) dim, which has size {cols}; make that dim a multiple of {bc} (for a sharded linear: "
+            f"the local size after tensor parallelism) or pick another format for this GEMM"
+        )
+    if br > 1 and rows % br:
+        raise ValueError(
+            f"format {spec.name!r} quantizes {operand.value} operands in {br}x{bc} blocks, but the "
+            f"non-reduction (first) dim has size {rows}; make it a multiple of {br} or pick another format"
+        )
+
+
+def tensor_amax(x: torch.Tensor) -> torch.Tensor:
+    """max |x| as a 0-d fp32 tensor (NaN if x has a NaN) - the local amax to reduce over TP."""
+    return x.detach().abs().amax().to(torch.float32)
+
+
+def _qdq(
+    p: torch.Tensor,
+    spec: Format,
+    operand: Operand,
+    hadamard: bool,
+    colwise: bool,
+    amax: torch.Tensor | None,
+    seeds: torch.Tensor | None,
+) -> torch.Tensor:
+    """The quantize-dequantize math of one operand, in its physical layout.
+
+    Args:
+        p: contiguous fp32 physical tensor: the logical operand x (R, C) itself
+            (``colwise=False``) or xᵀ (C, R) (``colwise=True``).
+        amax: tensor amax (of the rotated operand) or None for the local one.
+        seeds: int32 (2,) stochastic-rounding seeds, or None for RNE.
+    Returns:
+        the dequantized operand in p's layout and shape.
+    """
+    if hadamard:
+        p = _rht_physical(p, colwise)
+    if not spec.quantizes:
+        return p
+    elem = spec.element_for(operand)
+    assert elem is not None
+    rows, cols = (p.shape[1], p.shape[0]) if colwise else (p.shape[0], p.shape[1])
+    noise = None if seeds is None else _noise_physical(rows, cols, colwise, seeds)
+
+    if spec.scaling is Scaling.TENSOR:
+        a = p.abs().amax() if amax is None else amax
+        scale = _rdiv(elem.max, a).clamp(max=_F32_MAX)  # a tiny -> Inf -> the largest float
+        scale = torch.where(a == 0, torch.ones_like(scale), scale)
+        scale_inv = torch.where(torch.isfinite(a), 1.0 / scale, torch.full_like(scale, float("nan")))
+        return round_to_element(p * scale, elem, noise).mul_(scale_inv)
+
+    # Blocked formats: view p as (P0/b0, b0, P1/b1, b1) so that 1-D (one block dim
+    # is 1) and 2-D blocks, rowwise and colwise, share one code path. Full-size
+    # temporaries are updated in place (fewer allocations and page faults in eager mode).
+    br, bc = spec.block_for(operand)
+    b0, b1 = (bc, br) if colwise else (br, bc)
+    pb = p.reshape(p.shape[0] // b0, b0, p.shape[1] // b1, b1)
+    nb = None if noise is None else noise.reshape(pb.shape)
+    block_amax = pb.abs().amax(dim=(1, 3), keepdim=True)  # NaN propagates
+    finite = torch.isfinite(block_amax)
+    nan = float("nan")
+
+    if spec.scaling is Scaling.BLOCK_POW2:
+        # scale = 2**floor(log2(max / amax)) (TE Float8BlockScaling with power-of-2
+        # scales): the block max never saturates.
+        k = _floor_log2(_rdiv(elem.max, block_amax)).clamp(-127, 127)
+        k = torch.where(block_amax == 0, torch.zeros_like(k), k)
+        scale_inv = torch.where(finite, _exp2i(-k), torch.full_like(block_amax, nan))
+        y = round_to_element(pb * _exp2i(k), elem, nb).mul_(scale_inv)
+
+    elif spec.scaling is Scaling.BLOCK_E8M0:
+        # Decode scale 2**k with k from the exponent bits of the block amax (exact, no log2 rounding).
+        k = _floor_log2(block_amax) - elem.emax  # OCP MX: floor(log2 amax) - emax_elem
+        if spec.e8m0_round_up:
+            # smallest k with amax <= max * 2**k: one more when amax's mantissa exceeds max's
+            k = k + (_mantissa_bits(block_amax) > _MAX_MANTISSA_BITS[elem.name]).to(k.dtype)
+        k = k.clamp(-127, 127)  # the E8M0 range
+        scale_inv = torch.where(finite, _exp2i(k), torch.full_like(block_amax, nan))
+        y = round_to_element(pb * _exp2i(-k), elem, nb).mul_(scale_inv)
+
+    elif spec.scaling is Scaling.BLOCK_E4M3_TENSOR:
+        # NVFP4 as in TE's NVFP4BlockScaling reference: an FP32 tensor scale maps
+        # the tensor amax to 448*6; each block's decode scale is stored in E4M3.
+        # The local tensor amax is the max of the block amaxes (exact; NaN propagates):
+        # one pass over the operand fewer than p.abs().amax().
+        a = block_amax.amax() if amax is None else amax
+        s_enc = _rdiv(_NVFP4_TENSOR_MAX, a).clamp(max=_F32_MAX)
+        s_enc = torch.where(s_enc == 0, torch.ones_like(s_enc), s_enc)
+        s_dec = 1.0 / s_enc
+        s_block = round_e4m3((block_amax * (s_enc * _RCP_E2M1_MAX)).clamp(max=_F32_MAX))
+        enc = (1.0 / (s_block * s_dec)).clamp(max=_F32_MAX)  # zero block -> largest float; x = 0 stays 0
+        s_block = torch.where(finite & torch.isfinite(a), s_block, torch.full_like(s_block, nan))
+        # clamp before rounding: a block whose E4M3 scale underflowed to 0 must give 0, not Inf * 0
+        q = round_to_element((pb * enc).clamp_(-elem.max, elem.max), elem, nb)
+        y = q.mul_(s_block).mul_(s_dec)  # q * s_block is exact; one rounding by the tensor scale
+
+    else:  # pragma: no cover - every Scaling is handled above
+        raise AssertionError(spec.scaling)
+    return y.reshape(p.shape)
