@@ -185,6 +185,10 @@ class TrainingConfig:
     eval_batches: int = 4
     log_interval: int = 10
     max_consecutive_skips: int = 5  # non-finite loss/grad steps in a row before the run stops
+    # Post-step guard: stop (before saving) when one update multiplies the global parameter norm
+    # by more than this, or makes it non-finite; 0 checks finiteness only. Normal steps change it
+    # by well under 1%.
+    max_param_norm_growth: float = 2.0
     progress: bool = True  # progress bar on stderr
 
     def __post_init__(self) -> None:
@@ -211,6 +215,9 @@ class TrainingConfig:
             raise _err("training.dtype", self.dtype, "choose 'auto', 'float32' or 'bfloat16'")
         if self.device not in ("auto", "cpu", "cuda"):
             raise _err("training.device", self.device, "choose 'auto', 'cpu' or 'cuda'")
+        if self.max_param_norm_growth != 0 and self.max_param_norm_growth <= 1:
+            raise _err("training.max_param_norm_growth", self.max_param_norm_growth,
+                       "must be > 1 (a factor, e.g. 2.0) or 0 (check finiteness only)")
         if self.save_interval < 0:
             raise _err("training.save_interval", self.save_interval, "must be >= 0 (0 = save at the end only)")
         if not self.run_dir:

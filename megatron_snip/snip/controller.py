@@ -17,6 +17,7 @@ continues with the same plan and the same re-plan steps.
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,7 @@ class SnipController:
                                                    compiled_quantizers=cfg.precision.compile_quantizers))
         self.plans_dir = Path(cfg.training.run_dir) / "plans"
         self.linear_numel = linear_numel(model_linear_shapes(cfg.model))
-        self.replans = 0
+        self.replans = trainer.extra_state.get("snip", {}).get("replans", 0)  # restored by a resume
 
     # --- callback API -----------------------------------------------------------------
     def before_step(self, trainer: Any, step: int) -> None:
@@ -100,6 +101,7 @@ class SnipController:
         topo = trainer.topo
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
+        trainer.logger.info(f"re-plan at step {step}: starting (policy {self.policy}, re-plan {self.replans + 1})")
         snapshot = None
         if self.needs_stats():
             # The local-error baseline needs only the measured errors, not curvature or propagation.
@@ -140,6 +142,9 @@ class SnipController:
         costs = None
         if snapshot is not None:
             costs = policy_costs(self.spec.name, snapshot, s.weight_divergence_weight)
+            bad = [g.key for g, per_format in costs.items() if not all(math.isfinite(c) for c in per_format.values())]
+            if bad:  # a NaN/inf cost would make the ILP invalid; the old plan stays
+                return {"error": f"non-finite SNIP statistics for {len(bad)} GEMM(s), e.g. {bad[:3]}"}
         out_timings = {"metrics_s": time.perf_counter() - t1}
         ctx = PlanContext(num_layers=self.cfg.model.num_layers, linear_numel=self.linear_numel, formats=tuple(s.formats),
                           fp4_target=s.fp4_target, granularity=s.granularity, seed=s.seed, step=step,

@@ -140,6 +140,7 @@ class Trainer:
         self.linear_numel = linear_numel(model_linear_shapes(cfg.model))
 
         self.step = 0  # optimizer steps completed
+        self._param_norm = self.param_norm()  # for the post-step guard (_check_update)
         self.skipped_steps = 0
         self.consecutive_skips = 0
         self.plan_history: list[PrecisionPlan] = []
@@ -301,7 +302,33 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             return StepResult(loss_value, norm_value, skipped=True)
         self.optimizer.step()
+        self._check_update(step)
         return StepResult(loss_value, norm_value, skipped=False)
+
+    def param_norm(self) -> float:
+        """L2 norm of the whole model's parameters (replicated tensors counted once; the same on every rank)."""
+        params = [p for p in self.model.parameters() if getattr(p, "tensor_parallel", False) or self.topo.tp_rank == 0]
+        sq = torch.zeros((), dtype=torch.float32, device=self.device)
+        if params:
+            sq = torch.stack([n.float() for n in torch._foreach_norm([p.detach() for p in params], 2.0)]).pow(2).sum()
+        return float(comm.all_reduce_sum(sq, self.topo.mp_group).sqrt())
+
+    def _check_update(self, step: int) -> None:
+        """Post-step guard: a finite loss and grad norm can still give a ruinous update (a huge LR,
+        an FP4 outlier through Adam's 1/sqrt(v)). Stop before such weights reach a checkpoint."""
+        growth = self.cfg.training.max_param_norm_growth
+        before, after = self._param_norm, self.param_norm()
+        self._param_norm = after
+        if math.isfinite(after) and (not growth or after <= growth * before):
+            return
+        last = ckpt.latest_checkpoint(self.ckpt_root)
+        where = f"the last checkpoint (step {last}, {ckpt.step_dir(self.ckpt_root, last)})" if last is not None \
+            else "no checkpoint (none was saved yet)"
+        raise TrainingStopped(
+            f"step {step}: the optimizer update took the parameter norm from {before:.4g} to {after:.4g} "
+            f"(more than training.max_param_norm_growth={growth} times, or non-finite); stopped before these "
+            f"weights were saved - {where} holds good weights. Lower training.lr (now {self.cfg.training.lr}) "
+            f"or raise precision, then resume with training.resume=auto")
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -489,6 +516,7 @@ class Trainer:
         self.plan = PrecisionPlan.from_json_dict(state["plan"])
         self.plan_history = [PrecisionPlan.from_json_dict(p) for p in state["plan_history"]]
         self.extra_state = dict(state.get("extra") or {})
+        self._param_norm = self.param_norm()
         if "metrics_bytes" in meta:  # drop records logged after this checkpoint (they will be logged again)
             self.logger.truncate_metrics(meta["metrics_bytes"])
         self.logger.info(f"resumed from step {self.step} ({d}), plan {self.plan.policy} hash {self.plan.hash}")
