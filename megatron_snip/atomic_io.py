@@ -20,3 +20,34 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Flush a directory entry (a rename inside it) to disk; a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def ensure_writable_dir(path: str | Path, field: str) -> Path:
+    """Create directory ``path`` (config field ``field``) if needed and check it is writable;
+    ValueError naming the field, the path and the fix otherwise."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"config {field}={str(path)!r} is a file, not a directory; choose a directory path")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write_test.{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"config {field}={str(path)!r} is not a writable directory ({type(e).__name__}: "
+                         f"{e.strerror or e}); choose a directory you can write to") from None
+    return path

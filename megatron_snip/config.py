@@ -12,10 +12,12 @@ unknown key is an error, never silently ignored.
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
+import types
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, get_args, get_origin, get_type_hints
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 
 def _err(field_name: str, value: Any, fix: str) -> ValueError:
@@ -25,8 +27,17 @@ def _err(field_name: str, value: Any, fix: str) -> ValueError:
 def _positive(section: str, obj: Any, *names: str) -> None:
     for n in names:
         v = getattr(obj, n)
-        if v <= 0:
+        if not v > 0:  # also catches NaN, which fails every comparison
             raise _err(f"{section}.{n}", v, "must be > 0")
+
+
+def _finite(section: str, obj: Any) -> None:
+    """Every float field of a section must be a finite number (NaN and inf pass ``<= 0`` style
+    checks and then fail hours into a run)."""
+    for f in fields(obj):
+        v = getattr(obj, f.name)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise _err(f"{section}.{f.name}", v, "must be a finite number")
 
 
 @dataclass(frozen=True)
@@ -45,10 +56,13 @@ class ModelConfig:
     init_std: float = 0.02  # normal init of weights; output projections scaled by 1/sqrt(2*num_layers)
 
     def __post_init__(self) -> None:
+        _finite("model", self)
         _positive("model", self, "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
                   "num_kv_heads", "max_position_embeddings", "rope_base", "norm_eps", "init_std")
         if self.vocab_size < 0:
             raise _err("model.vocab_size", self.vocab_size, "must be >= 0 (0 = from the tokenizer)")
+        if self.init_std > 1.0:
+            raise _err("model.init_std", self.init_std, "must be in (0, 1] (Llama uses 0.02)")
         if self.hidden_size % self.num_attention_heads:
             raise _err("model.hidden_size", self.hidden_size,
                        f"must be divisible by model.num_attention_heads={self.num_attention_heads}")
@@ -117,6 +131,7 @@ class SnipConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        _finite("snip", self)
         if not 0.0 <= self.fp4_target <= 1.0:
             raise _err("snip.fp4_target", self.fp4_target, "must be a fraction in [0, 1] (e.g. 0.75)")
         if self.granularity not in ("layer", "gemm"):
@@ -160,16 +175,26 @@ class TrainingConfig:
     dtype: str = "auto"  # "auto" (bf16 autocast on CUDA, fp32 on CPU), "float32" or "bfloat16"
     device: str = "auto"  # "auto", "cpu" or "cuda"
     run_dir: str = "runs/default"
-    resume: bool = False  # continue from the latest checkpoint in run_dir
+    # Continue from the newest verified checkpoint in run_dir: true (a run must be there or
+    # none has checkpointed yet), "auto" (the launchers' default: the same, for requeued and
+    # restarted jobs) or false (a fresh run; refused if run_dir already holds one).
+    resume: bool | str = False
     save_interval: int = 0  # steps between checkpoints (0 = only at the end)
     keep_checkpoints: int = 2
     eval_interval: int = 50
     eval_batches: int = 4
     log_interval: int = 10
     max_consecutive_skips: int = 5  # non-finite loss/grad steps in a row before the run stops
+    # Post-step guard: stop (before saving) when one update multiplies the global parameter norm
+    # by more than this, or makes it non-finite; 0 checks finiteness only. Normal steps change it
+    # by well under 1%.
+    max_param_norm_growth: float = 2.0
     progress: bool = True  # progress bar on stderr
 
     def __post_init__(self) -> None:
+        _finite("training", self)
+        if self.resume not in (True, False, "auto"):
+            raise _err("training.resume", self.resume, "choose true, false or \"auto\" (resume if run_dir has a checkpoint)")
         _positive("training", self, "max_steps", "micro_batch_size", "global_batch_size", "seq_len", "lr",
                   "eval_interval", "eval_batches", "log_interval", "max_consecutive_skips", "keep_checkpoints")
         if self.min_lr < 0 or self.min_lr > self.lr:
@@ -190,6 +215,9 @@ class TrainingConfig:
             raise _err("training.dtype", self.dtype, "choose 'auto', 'float32' or 'bfloat16'")
         if self.device not in ("auto", "cpu", "cuda"):
             raise _err("training.device", self.device, "choose 'auto', 'cpu' or 'cuda'")
+        if self.max_param_norm_growth != 0 and self.max_param_norm_growth <= 1:
+            raise _err("training.max_param_norm_growth", self.max_param_norm_growth,
+                       "must be > 1 (a factor, e.g. 2.0) or 0 (check finiteness only)")
         if self.save_interval < 0:
             raise _err("training.save_interval", self.save_interval, "must be >= 0 (0 = save at the end only)")
         if not self.run_dir:
@@ -318,6 +346,10 @@ def _coerce(section: str, key: str, value: Any, typ: Any) -> Any:
     """Convert a TOML/override value to the field's type, or raise naming the field."""
     name = f"{section}.{key}"
     origin = get_origin(typ)
+    if origin in (Union, types.UnionType):  # bool | str: true/false as booleans, anything else a string
+        if isinstance(value, bool) or (isinstance(value, str) and value.lower() in ("true", "false")):
+            return _coerce(section, key, value, bool)
+        return _coerce(section, key, value, str)
     if origin is tuple:
         if isinstance(value, str):
             value = [v.strip() for v in value.strip("[]").split(",") if v.strip()]
@@ -397,7 +429,10 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
         if not path.is_file():
             raise ValueError(f"config file {str(path)!r} does not exist; see launch/configs/ for examples")
         try:
-            raw = tomllib.loads(path.read_text())
+            raw = tomllib.loads(path.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise ValueError(f"config file {str(path)!r} is not UTF-8 text (byte {e.start}: {e.reason}); "
+                             f"give a TOML file such as launch/configs/tiny.toml") from None
         except tomllib.TOMLDecodeError as e:
             raise ValueError(f"config file {str(path)!r} is not valid TOML: {e}") from None
     for ov in overrides:

@@ -11,6 +11,10 @@ import sys
 
 from megatron_snip.config import load_config
 
+# Exit codes: 0 done, 1 no result, 2 bad input (config, data, checkpoint), 3 training stopped
+# (non-finite steps or a ruinous update; the last checkpoint holds good weights).
+EXIT_STOPPED = 3
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="megatron-snip", description="Llama pretraining with SNIP adaptive precision")
@@ -42,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from megatron_snip.parallel.distributed import destroy_distributed, env_world_size, init_distributed
     from megatron_snip.training.run import run_training
+    from megatron_snip.training.trainer import TrainingStopped
 
     if cfg.precision.backend == "emulated":
         # The emulated GEMMs allocate operand-sized temporaries every call; fixed glibc malloc
@@ -63,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except TrainingStopped as e:
+        print(f"error: training stopped: {e}", file=sys.stderr)
+        return EXIT_STOPPED
     finally:
         destroy_distributed()
     return 0 if result is not None else 1

@@ -15,6 +15,11 @@ import enum
 from dataclasses import dataclass
 
 
+# Points of the random Hadamard transform a format may apply along the wgrad reduction dim
+# (``Format.wgrad_hadamard``; TE's NVFP4 recipe uses 16).
+RHT_SIZE = 16
+
+
 class Operand(str, enum.Enum):
     """Which kind of GEMM operand is being quantized (it picks element type and blocking)."""
 

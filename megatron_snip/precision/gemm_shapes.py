@@ -20,9 +20,8 @@ operand is rotated, and it has at most ``MAX_OPERAND_ELEMENTS`` elements.
 
 from __future__ import annotations
 
-from megatron_snip.precision.formats import Format, Operand, get_format
+from megatron_snip.precision.formats import RHT_SIZE, Format, Operand, get_format
 from megatron_snip.precision.plan import GEMMS
-from megatron_snip.precision.quantize import RHT_SIZE
 
 __all__ = ["GEMM_OPERANDS", "MAX_OPERAND_ELEMENTS", "gemm_shape_error", "operand_shape_error"]
 

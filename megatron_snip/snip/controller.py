@@ -17,6 +17,7 @@ checkpointed by the host, so a resumed run continues with the same plan and the 
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -49,8 +50,8 @@ def draw_micro_batches(dataset: TokenSource, start: int, count: int, size: int,
 class SnipController:
     """Training-loop callback making and applying precision plans (see module docstring).
 
-    ``host`` is the ``SnipHost`` it will run on (the constructor reads nothing from it; the
-    callbacks receive it again); every check of ``cfg.snip`` happens here, before training starts.
+    ``host`` is the ``SnipHost`` it will run on (the constructor reads only its restored
+    ``extra_state``; the callbacks receive it again); every check of ``cfg.snip`` happens here, before training starts.
     """
 
     def __init__(self, cfg: Config, host: SnipHost) -> None:
@@ -63,7 +64,7 @@ class SnipController:
         self.collector = StatsCollector(ProbeConfig(formats=tuple(s.formats), noise_draws=s.noise_draws,
                                                    propagation_sequences=s.propagation_sequences, seed=s.seed,
                                                    compiled_quantizers=cfg.precision.compile_quantizers))
-        self.replans = 0
+        self.replans = host.extra_state.get("snip", {}).get("replans", 0)  # restored by a resume
 
     # --- callback API -----------------------------------------------------------------
     def before_step(self, host: SnipHost, step: int) -> None:
@@ -92,6 +93,7 @@ class SnipController:
         statistics = self.spec.policy.statistics
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
+        host.logger.info(f"re-plan at step {step}: starting (policy {self.policy}, re-plan {self.replans + 1})")
         snapshot = None
         if statistics is not None:
             local = self.collector.collect(host, self.probe_batches(host, step), step,
@@ -130,6 +132,9 @@ class SnipController:
         costs = None
         if snapshot is not None:
             costs = policy_costs(self.spec.name, snapshot, self.cfg.snip.weight_divergence_weight)
+            bad = [g.key for g, per_format in costs.items() if not all(math.isfinite(c) for c in per_format.values())]
+            if bad:  # a NaN/inf cost would make the ILP invalid; the old plan stays
+                return {"error": f"non-finite SNIP statistics for {len(bad)} GEMM(s), e.g. {bad[:3]}"}
         out_timings = {"metrics_s": time.perf_counter() - t1}
         t1 = time.perf_counter()
         try:

@@ -68,6 +68,12 @@ class ProbeHost(Protocol):
     def forward_loss(self, tokens: torch.Tensor) -> torch.Tensor: ...
 
 
+class Logger(Protocol):
+    """The host's rank-0 text log."""
+
+    def info(self, message: str) -> None: ...
+
+
 class SnipHost(ProbeHost, Protocol):
     """What the re-planning controller needs besides the probes.
 
@@ -75,7 +81,15 @@ class SnipHost(ProbeHost, Protocol):
     step boundary, nothing recorded); ``record_replan`` records a re-plan's outcome (plan JSON,
     statistics snapshot, precision map, metrics, W&B, checkpointed state) and
     ``record_plan_summary`` the end-of-run plots. ``train_data`` is where probe batches come from.
+    ``extra_state`` is the callbacks' checkpointed state (restored on resume; ``record_replan``
+    keeps the controller's under ``"snip"``); ``logger`` the text log.
     """
+
+    @property
+    def extra_state(self) -> dict[str, Any]: ...
+
+    @property
+    def logger(self) -> Logger: ...
 
     @property
     def plan(self) -> PrecisionPlan: ...

@@ -48,6 +48,23 @@ class RunLogger:
         for sink in self.sinks:
             sink.log(step, record)
 
+    def metrics_bytes(self) -> int:
+        """Length of ``metrics.jsonl`` so far (flushed); a checkpoint records it (0 off rank 0)."""
+        if not self.is_writer:
+            return 0
+        self._metrics.flush()
+        return self._metrics.tell()
+
+    def truncate_metrics(self, length: int) -> None:
+        """Cut ``metrics.jsonl`` back to its first ``length`` bytes (a resume drops the records
+        logged after the checkpoint it continues from, so no step appears twice)."""
+        if not self.is_writer:
+            return
+        self._metrics.flush()
+        if self._metrics.tell() > length:
+            self._metrics.truncate(length)
+            self._metrics.seek(length)
+
     def progress(self, step: int, **postfix: Any) -> None:
         if self._bar is None:
             return

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from megatron_snip.atomic_io import atomic_write_text
+from megatron_snip.atomic_io import atomic_write_text, ensure_writable_dir
 from megatron_snip.config import Config
 from megatron_snip.data.dataset import GPTDataset
 from megatron_snip.data.pipeline import DataBundle, build_data
@@ -47,6 +47,7 @@ from megatron_snip.telemetry.logger import RunLogger
 from megatron_snip.telemetry.wandb_sink import WandbSink
 from megatron_snip.training import checkpoint as ckpt
 from megatron_snip.training.lr import lr_at
+from megatron_snip.training.resume_check import compare
 from megatron_snip.training.optim import build_optimizer
 
 
@@ -110,9 +111,10 @@ class Trainer:
         t = cfg.training
         self.run_dir = Path(t.run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
+        self.is_writer = self.topo.rank == 0
+        self._check_run_dir()
         self.device = resolve_device(t.device)
         self.autocast_dtype = resolve_autocast_dtype(t.dtype, self.device)
-        self.is_writer = self.topo.rank == 0
 
         self.data: DataBundle = self._build_data()
         self.vocab_size = cfg.model.vocab_size or pad_vocab(self.data.tokenizer.vocab_size)
@@ -140,6 +142,7 @@ class Trainer:
         self.linear_numel = linear_numel(model_linear_shapes(cfg.model))
 
         self.step = 0  # optimizer steps completed
+        self._param_norm = self.param_norm()  # for the post-step guard (_check_update)
         self.skipped_steps = 0
         self.consecutive_skips = 0
         self.plan_history: list[PrecisionPlan] = []
@@ -154,12 +157,13 @@ class Trainer:
         self.logger = logger or RunLogger(self.run_dir, is_writer=self.is_writer,
                                           progress_total=t.max_steps if t.progress else None,
                                           sinks=[self.wandb] if self.wandb else [])
+        resumed = self.load_latest() if t.resume else False
         if self.is_writer:
-            atomic_write_text(self.run_dir / "config.toml", cfg.to_toml())
-        if t.resume:
-            self.load_latest()
+            # A resumed run keeps the config.toml its checkpoints were made with (changes are listed in the log).
+            name = "config.toml" if not resumed else f"config.resumed_step_{self.step:06d}.toml"
+            atomic_write_text(self.run_dir / name, cfg.to_toml())
         self.apply_plan(self.plan)
-        if not t.resume:
+        if not resumed:
             self._record_plan(self.plan)
 
     def _build_backend(self, initial_plan: PrecisionPlan) -> Backend:
@@ -358,7 +362,33 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             return StepResult(loss_value, norm_value, skipped=True)
         self.optimizer.step()
+        self._check_update(step)
         return StepResult(loss_value, norm_value, skipped=False)
+
+    def param_norm(self) -> float:
+        """L2 norm of the whole model's parameters (replicated tensors counted once; the same on every rank)."""
+        params = [p for p in self.model.parameters() if getattr(p, "tensor_parallel", False) or self.topo.tp_rank == 0]
+        sq = torch.zeros((), dtype=torch.float32, device=self.device)
+        if params:
+            sq = torch.stack([n.float() for n in torch._foreach_norm([p.detach() for p in params], 2.0)]).pow(2).sum()
+        return float(comm.all_reduce_sum(sq, self.topo.mp_group).sqrt())
+
+    def _check_update(self, step: int) -> None:
+        """Post-step guard: a finite loss and grad norm can still give a ruinous update (a huge LR,
+        an FP4 outlier through Adam's 1/sqrt(v)). Stop before such weights reach a checkpoint."""
+        growth = self.cfg.training.max_param_norm_growth
+        before, after = self._param_norm, self.param_norm()
+        self._param_norm = after
+        if math.isfinite(after) and (not growth or after <= growth * before):
+            return
+        last = ckpt.latest_checkpoint(self.ckpt_root)
+        where = f"the last checkpoint (step {last}, {ckpt.step_dir(self.ckpt_root, last)})" if last is not None \
+            else "no checkpoint (none was saved yet)"
+        raise TrainingStopped(
+            f"step {step}: the optimizer update took the parameter norm from {before:.4g} to {after:.4g} "
+            f"(more than training.max_param_norm_growth={growth} times, or non-finite); stopped before these "
+            f"weights were saved - {where} holds good weights. Lower training.lr (now {self.cfg.training.lr}) "
+            f"or raise precision, then resume with training.resume=auto")
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -445,7 +475,10 @@ class Trainer:
 
     def save(self) -> None:
         """Write this rank's shard (DP rank 0 of each (TP, PP) shard only), wait for every shard,
-        then rank 0 commits the checkpoint atomically; every rank returns after the commit."""
+        then rank 0 commits the checkpoint atomically; every rank returns after the commit.
+
+        ``meta.json`` records the resolved config (compared on resume), the vocabulary size and
+        how many bytes of ``metrics.jsonl`` belong to the run up to this step."""
         if self.topo.dp_rank == 0:
             state = self.state_dict()
             state["layout"] = {"tp": self.topo.tp, "pp": self.topo.pp, "tp_rank": self.topo.tp_rank,
@@ -454,22 +487,77 @@ class Trainer:
         comm.barrier(self.topo.world_group)  # all shards are in the temp dir before the commit
         if self.is_writer:
             meta = {"step": self.step, "tp": self.topo.tp, "pp": self.topo.pp, "dp": self.topo.dp,
-                    "sequence_parallel": self.tp.sequence_parallel, "plan_hash": self.plan.hash, "time": time.time()}
+                    "sequence_parallel": self.tp.sequence_parallel, "plan_hash": self.plan.hash, "time": time.time(),
+                    "vocab_size": self.vocab_size, "config": self.cfg.to_dict(),
+                    "metrics_bytes": self.logger.metrics_bytes()}
             ckpt.commit(self.ckpt_root, self.step, meta, keep=self.cfg.training.keep_checkpoints)
         comm.barrier(self.topo.world_group)  # nobody reads or re-saves before the commit is done
 
-    def load_latest(self) -> None:
-        # Rank 0 picks the step so every rank loads the same checkpoint.
-        step = comm.broadcast_object(ckpt.latest_checkpoint(self.ckpt_root) if self.is_writer else None, 0,
-                                     self.topo.world_group)
+    def _check_run_dir(self) -> None:
+        """Refuse a fresh run (``training.resume=false``) into a directory that holds a run: its
+        checkpoints would be pruned and its metrics mixed with ours. Rank 0 decides for everyone
+        (before anything is written, so no rank sees this run's own files)."""
+        verdict = None
+        if self.is_writer:
+            try:
+                ensure_writable_dir(self.run_dir, "training.run_dir")
+                if self.cfg.training.resume is False:
+                    held = [p.name for p in (self.run_dir / "metrics.jsonl", self.run_dir / "config.toml")
+                            if p.is_file() and p.stat().st_size > 0]
+                    steps = ckpt.list_checkpoints(self.ckpt_root)
+                    if steps:
+                        held.append(f"checkpoints up to step {steps[-1]}")
+                    if held:
+                        verdict = (f"config training.run_dir={str(self.run_dir)!r} already holds a run "
+                                   f"({', '.join(held)}) and training.resume=false; continue it with "
+                                   f"training.resume=auto, or choose a new training.run_dir (or delete the directory)")
+            except ValueError as e:
+                verdict = str(e)
+        verdict = comm.broadcast_object(verdict, 0, self.topo.world_group)
+        if verdict:
+            raise ValueError(verdict)
+
+    def load_latest(self) -> bool:
+        """Restore the newest checkpoint that verifies (``training.resume``); True if one was loaded.
+
+        Rank 0 verifies the checksums of every shard (newest first), sets aside the ones that
+        fail (``checkpoints/rejected_step_N``, each reason logged) and picks the step, so every
+        rank loads the same checkpoint. The checkpoint's config is compared with this run's
+        (``resume_check``): a change the checkpoint cannot take is refused naming the field and
+        both values; the others are listed with what they do."""
+        decision: dict[str, Any] = {}
+        if self.is_writer:
+            step, skipped = ckpt.latest_verified(self.ckpt_root, self.topo.tp, self.topo.pp)
+            decision = {"step": step, "skipped": skipped}
+            if step is not None:
+                for bad in ckpt.list_checkpoints(self.ckpt_root):
+                    if bad > step:
+                        ckpt.set_aside(self.ckpt_root, bad)
+        decision = comm.broadcast_object(decision, 0, self.topo.world_group)
+        step, skipped = decision["step"], decision["skipped"]
+        for reason in skipped:
+            self.logger.info(f"skipping checkpoint: {reason}")
         if step is None:
-            self.logger.info(f"training.resume=true but no checkpoint in {self.ckpt_root}; starting from scratch")
-            return
+            if skipped:
+                raise ckpt.CheckpointError(f"training.resume={self.cfg.training.resume!r}: no checkpoint in "
+                                           f"{self.ckpt_root} verifies ({len(skipped)} rejected, reasons above); "
+                                           f"restore one or start a new training.run_dir")
+            self.logger.info(f"training.resume={self.cfg.training.resume!r}: no checkpoint in {self.ckpt_root}; "
+                             f"starting from scratch")
+            self.logger.truncate_metrics(0)  # records of an attempt that never checkpointed
+            return False
         meta = ckpt.read_meta(self.ckpt_root, step)
-        if (meta.get("tp", 1), meta.get("pp", 1)) != (self.topo.tp, self.topo.pp):
-            raise ValueError(f"checkpoint {ckpt.step_dir(self.ckpt_root, step)} was saved with tp={meta.get('tp')} "
-                             f"pp={meta.get('pp')}, this run has parallel.tp={self.topo.tp} parallel.pp={self.topo.pp}; "
-                             f"resume with the same layout")
+        d = ckpt.step_dir(self.ckpt_root, step)
+        if "config" in meta:
+            refusals, notes = compare(meta["config"], self.cfg.to_dict())
+            if meta.get("vocab_size", self.vocab_size) != self.vocab_size:
+                refusals.append(f"vocabulary size (model.vocab_size or the tokenizer's): {meta['vocab_size']} -> "
+                                f"{self.vocab_size} (the embedding has the old shape)")
+            if refusals:
+                raise ValueError(f"cannot resume from {d}: " + "; ".join(refusals) + ". Restore the checkpoint's "
+                                 f"values (see {self.run_dir / 'config.toml'}) or start a new training.run_dir")
+            for note in notes:
+                self.logger.info(f"resume: changed {note}")
         state = ckpt.read_shard(self.ckpt_root, step, self.topo.tp_rank, self.topo.pp_rank)
         layout = state.get("layout")
         if layout is not None and layout["layers"] != list(self.model.layer_ids):
@@ -488,5 +576,8 @@ class Trainer:
         self.plan = PrecisionPlan.from_json_dict(state["plan"])
         self.plan_history = [PrecisionPlan.from_json_dict(p) for p in state["plan_history"]]
         self.extra_state = dict(state.get("extra") or {})
-        self.logger.info(f"resumed from step {self.step} ({ckpt.step_dir(self.ckpt_root, step)}), plan {self.plan.policy} "
-                         f"hash {self.plan.hash}")
+        self._param_norm = self.param_norm()
+        if "metrics_bytes" in meta:  # drop records logged after this checkpoint (they will be logged again)
+            self.logger.truncate_metrics(meta["metrics_bytes"])
+        self.logger.info(f"resumed from step {self.step} ({d}), plan {self.plan.policy} hash {self.plan.hash}")
+        return True

@@ -15,7 +15,7 @@ Files (one job each):
   * ``noise.py`` - ``uniform_noise``/``draw_seeds``: counter-based uniform draws
     for stochastic rounding;
   * ``blocks.py`` - block scaling + rounding + dequantize of one 2-D operand in
-    its physical layout (``_qdq``), and the shape rules (``check_operand_shape``);
+    its physical layout (``_qdq``) (the operand shape rules: ``precision/gemm_shapes.py``);
   * ``compiled.py`` - the torch.compile'd variants and their cache;
   * here - ``quantize(x, fmt, operand, ...)``, the public entry point for one
     2-D GEMM operand whose reduction dim is last.
@@ -57,7 +57,8 @@ from collections.abc import Callable
 import torch
 
 from megatron_snip.precision.formats import Operand, get_format
-from megatron_snip.precision.quantize.blocks import check_operand_shape, tensor_amax
+from megatron_snip.precision.gemm_shapes import operand_shape_error
+from megatron_snip.precision.quantize.blocks import tensor_amax
 from megatron_snip.precision.quantize.compiled import _run_qdq
 from megatron_snip.precision.quantize.noise import draw_seeds
 
@@ -112,11 +113,13 @@ def quantize(
 
     Raises:
         ValueError: unknown format; x not 2-D; a dim not a multiple of the
-            format's block (``check_operand_shape``); both amax and amax_reduce.
+            format's block (``gemm_shapes.operand_shape_error``); both amax and amax_reduce.
     """
     spec = get_format(fmt)
     operand = Operand(operand)
-    check_operand_shape(x.shape, spec, operand, hadamard=hadamard)
+    error = operand_shape_error(x.shape, spec, operand, hadamard=hadamard)
+    if error is not None:
+        raise ValueError(error)
     if amax is not None and amax_reduce is not None:
         raise ValueError("quantize: pass either amax (already reduced) or amax_reduce (to reduce the local amax), not both")
     x32 = x.to(torch.float32)  # keeps a transposed layout

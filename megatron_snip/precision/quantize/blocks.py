@@ -1,4 +1,6 @@
-"""Block scaling: the quantize-dequantize math of one 2-D operand in its physical layout, and its shape rules.
+"""Block scaling: the quantize-dequantize math of one 2-D operand in its physical layout.
+
+The shape rules an operand must meet are in ``precision/gemm_shapes.py``.
 
 ``_qdq`` is the specification of every format's scaling (tensor, power-of-two
 blocks, E8M0 blocks, E4M3 blocks under an FP32 tensor scale); ``quantize`` in
@@ -13,7 +15,7 @@ import torch
 
 from megatron_snip.precision.formats import E2M1, E4M3, E5M2, Format, Operand, Scaling, get_format
 from megatron_snip.precision.quantize.bits import _F32_MAX, _exp2i, _f32_bits, _floor_log2, _mantissa_bits, _rdiv
-from megatron_snip.precision.quantize.hadamard import RHT_SIZE, _rht_physical
+from megatron_snip.precision.quantize.hadamard import _rht_physical
 from megatron_snip.precision.quantize.noise import _noise_physical
 from megatron_snip.precision.quantize.rounding import round_e4m3, round_to_element
 
@@ -23,40 +25,6 @@ _RCP_E2M1_MAX = struct.unpack("<f", struct.pack("<f", 1.0 / E2M1.max))[0]
 # Fraction bits of each element's max (448 = 1.75 * 2**8 -> 0x600000). Precomputed:
 # torch.compile cannot trace ``struct``.
 _MAX_MANTISSA_BITS = {e.name: _f32_bits(e.max) & 0x7FFFFF for e in (E4M3, E5M2, E2M1)}
-
-
-def check_operand_shape(
-    shape: torch.Size | tuple[int, ...], fmt: str | Format, operand: Operand | str, *, hadamard: bool = False
-) -> None:
-    """Raise ValueError unless a (rows, cols) operand (reduction dim last) fits ``fmt``'s blocks."""
-    spec = get_format(fmt) if isinstance(fmt, str) else fmt
-    operand = Operand(operand)
-    if len(shape) != 2:
-        raise ValueError(
-            f"quantize expects a 2-D (rows, cols) operand with the GEMM's reduction dim last; got shape {tuple(shape)}"
-        )
-    rows, cols = shape
-    if rows * cols > 2**32:
-        raise ValueError(f"quantize: operand {rows}x{cols} has more than 2**32 elements; split it")
-    if hadamard and cols % RHT_SIZE:
-        raise ValueError(
-            f"the {RHT_SIZE}-point Hadamard transform runs along the reduction (last) dim, which has size {cols}; "
-            f"it must be a multiple of {RHT_SIZE}"
-        )
-    if not spec.quantizes:
-        return
-    br, bc = spec.block_for(operand)
-    if bc and cols % bc:
-        raise ValueError(
-            f"format {spec.name!r} quantizes {operand.value} operands in blocks of {bc} along the reduction "
-            f"(last) dim, which has size {cols}; make that dim a multiple of {bc} (for a sharded linear: "
-            f"the local size after tensor parallelism) or pick another format for this GEMM"
-        )
-    if br > 1 and rows % br:
-        raise ValueError(
-            f"format {spec.name!r} quantizes {operand.value} operands in {br}x{bc} blocks, but the "
-            f"non-reduction (first) dim has size {rows}; make it a multiple of {br} or pick another format"
-        )
 
 
 def tensor_amax(x: torch.Tensor) -> torch.Tensor:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from megatron_snip.precision.formats import RHT_SIZE
+
 # Transformer Engine's fixed wgrad sign vector (NVFP4 recipe), so our RHT matches TE's.
 RHT_SIGNS: tuple[int, ...] = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
-RHT_SIZE = 16
 
 
 def rht_matrix(dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> torch.Tensor:
