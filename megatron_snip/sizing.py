@@ -113,7 +113,7 @@ def format_support(backend: str, fmt: str, gpu: GpuSpec) -> tuple[bool, str]:
         return True, "emulated (reference quantize-dequantize, BF16/FP32 GEMMs: runs anywhere, no speed-up)"
     if backend != "te":
         raise ValueError(f"precision.backend={backend!r} is unknown; choose 'emulated' or 'te'")
-    min_sm = TE_MIN_COMPUTE_CAPABILITY[fmt]  # the same table the run-time capability check uses
+    min_sm = TE_MIN_COMPUTE_CAPABILITY.get(fmt)  # the run-time check's table (recipe variants: absent)
     if min_sm is None:
         return False, f"{fmt} has no Transformer Engine recipe; use precision.backend='emulated'"
     if gpu.sm >= min_sm:

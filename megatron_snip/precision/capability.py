@@ -14,6 +14,10 @@ Rules:
       mxfp8      >= 10.0 (Blackwell)         MXFP8BlockScaling (block-scaled tensor cores)
       nvfp4      >= 10.0 (Blackwell)         NVFP4BlockScaling
       mxfp4      never: TE has no MXFP4 training recipe - emulated only
+      fp4_block  never: TE has no E2M1 recipe with 1x128 / 128x128 FP32 scales - emulated only
+
+    Recipe variants of the FP4 formats (``nvfp4-sr``, ``mxfp4+sr+rht``, ...) are emulated only:
+    our TE backend runs TE's recipes as TE defines them.
 
     When TE is importable its own availability check (``te.is_*_available``)
     is consulted too, so driver/cuBLAS limits surface with TE's reason.
@@ -40,6 +44,7 @@ TE_MIN_COMPUTE_CAPABILITY: dict[str, tuple[int, int] | None] = {
     "mxfp8": (10, 0),
     "nvfp4": (10, 0),
     "mxfp4": None,
+    "fp4_block": None,
 }
 assert set(TE_MIN_COMPUTE_CAPABILITY) == set(FORMATS)
 
@@ -118,6 +123,9 @@ def check(backend: str, fmt: str, device: torch.device | str | None = None) -> C
     if backend == "emulated":
         return Capability(True, "emulated quantizers run every format on every device")
 
+    if fmt not in TE_MIN_COMPUTE_CAPABILITY:  # a recipe variant (get_format accepted the name)
+        return Capability(False, f"{fmt} is a recipe variant; Transformer Engine runs its FP4 recipes only as "
+                                 f"TE defines them, so {fmt} runs only emulated")
     need = TE_MIN_COMPUTE_CAPABILITY[fmt]
     if need is None:
         return Capability(False, f"Transformer Engine has no {fmt} recipe; {fmt} runs only emulated")

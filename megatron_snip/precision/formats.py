@@ -12,7 +12,10 @@ tensor whose *last* dimension is the reduction dimension.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+import functools
+import re
+from collections.abc import Iterator, Mapping, Set
+from dataclasses import dataclass, replace
 
 
 # Points of the random Hadamard transform a format may apply along the wgrad reduction dim
@@ -66,6 +69,7 @@ class Scaling(str, enum.Enum):
     BLOCK_POW2 = "block_pow2"  # per block, 2**floor(log2(element.max / amax(block)))
     BLOCK_E8M0 = "block_e8m0"  # per block, E8M0 power of two (OCP MX), see Format.e8m0_round_up
     BLOCK_E4M3_TENSOR = "block_e4m3_tensor"  # NVFP4: E4M3 block scale x FP32 tensor scale
+    BLOCK_FP32 = "block_fp32"  # per block, an FP32 scale amax(block) / element.max (fp4_block)
 
 
 @dataclass(frozen=True)
@@ -89,9 +93,12 @@ class Format:
             as TE's MXFP8). False: the OCP MX v1.0 rule
             floor(log2(amax)) - element.emax, where values up to 2x the element
             max saturate.
-        stochastic_gradients: gradients are rounded stochastically (NVFP4).
+        stochastic_gradients: gradients are rounded stochastically (NVFP4, fp4_block).
         wgrad_hadamard: both wgrad operands get the 16-point random Hadamard
             transform (NVFP4).
+
+    An FP4 format's recipe switches (``stochastic_gradients``, ``wgrad_hadamard``) can be
+    flipped by name: ``get_format("mxfp4+sr+rht")`` (see ``recipe_variant``).
     """
 
     name: str
@@ -134,7 +141,7 @@ class Format:
         return self.scaling is not Scaling.NONE
 
 
-FORMATS: dict[str, Format] = {
+_BASE_FORMATS: dict[str, Format] = {
     f.name: f
     for f in (
         Format("bf16", 16, 0, None, False, "BF16 reference (no scaling)"),
@@ -158,15 +165,104 @@ FORMATS: dict[str, Format] = {
             "mxfp4", 4, 32, None, True, "E2M1, 32-element blocks, E8M0 scales (OCP MX)",
             element=E2M1, scaling=Scaling.BLOCK_E8M0, e8m0_round_up=False,
         ),
+        Format(
+            # The SNIP paper's FP4: the DeepSeek-V3 layout (fp8_block's tiles) with E2M1 elements.
+            "fp4_block", 4, 128, (128, 128), True, "E2M1, 1x128 tiles, 128x128 weight blocks, FP32 scales",
+            element=E2M1, scaling=Scaling.BLOCK_FP32, stochastic_gradients=True,
+        ),
     )
 }
 
-FP4_FORMATS = frozenset(name for name, f in FORMATS.items() if f.is_fp4)
+# --- recipe variants ----------------------------------------------------------------
+# An FP4 format's name may carry switches that flip one recipe choice each, in this order:
+# "+sr"/"-sr" turns stochastic rounding of gradients on/off, "+rht"/"-rht" the wgrad Hadamard
+# transform - e.g. "mxfp4+sr+rht" (the MXFP4 training recipe's backward), "nvfp4-sr-rht" (TE's
+# ablation). A switch must change something ("nvfp4+sr" is just "nvfp4"), so each recipe has
+# exactly one name and plans naming it hash the same everywhere.
+_SWITCHES = {"sr": "stochastic_gradients", "rht": "wgrad_hadamard"}
+_SWITCH_WORDS = {"stochastic_gradients": "stochastic rounding of gradients", "wgrad_hadamard": "the wgrad RHT"}
+_VARIANT = re.compile(r"(?P<base>[a-z0-9_]+)(?P<switches>(?:[+-](?:sr|rht))+)")
+
+
+def base_format_name(name: str) -> str:
+    """The base format of a recipe variant (``"mxfp4+sr+rht"`` -> ``"mxfp4"``); a base name itself."""
+    m = _VARIANT.fullmatch(name)
+    return m["base"] if m is not None and name not in _BASE_FORMATS else name
+
+
+@functools.cache
+def recipe_variant(name: str) -> Format:
+    """The Format a switched FP4 name (``"mxfp4+sr+rht"``) stands for; ValueError saying why not."""
+    m = _VARIANT.fullmatch(name)
+    if m is None or m["base"] not in _BASE_FORMATS:
+        raise ValueError(f"unknown precision format {name!r}; choose one of {sorted(_BASE_FORMATS)}, or an FP4 "
+                         f"format with recipe switches, e.g. 'mxfp4+sr+rht' or 'nvfp4-sr' (switches: +sr/-sr, "
+                         f"+rht/-rht, in that order)")
+    base = _BASE_FORMATS[m["base"]]
+    if not base.is_fp4:
+        raise ValueError(f"precision format {name!r}: recipe switches apply to the FP4 formats "
+                         f"{sorted(f for f in _BASE_FORMATS if _BASE_FORMATS[f].is_fp4)}, not {base.name!r}")
+    switches = re.findall(r"([+-])(sr|rht)", m["switches"])
+    keys = [key for _, key in switches]
+    if keys not in (["sr"], ["rht"], ["sr", "rht"]):
+        raise ValueError(f"precision format {name!r}: give each switch once, sr before rht "
+                         f"(e.g. {base.name}-sr-rht)")
+    changes = {}
+    for sign, key in switches:
+        field, on = _SWITCHES[key], sign == "+"
+        if getattr(base, field) == on:
+            state = "already uses" if on else "does not use"
+            raise ValueError(f"precision format {name!r}: {base.name} {state} {_SWITCH_WORDS[field]}; "
+                             f"drop {sign}{key}")
+        changes[field] = on
+    words = ", ".join(f"{'with' if on else 'without'} {_SWITCH_WORDS[f]}" for f, on in changes.items())
+    return replace(base, name=name, description=f"{base.description}; {words}", **changes)
+
+
+class _FormatRegistry(Mapping):
+    """Formats by name: iterating gives the base formats; lookup also resolves recipe variants."""
+
+    def __init__(self, base: Mapping[str, Format]) -> None:
+        self._base = dict(base)
+
+    def __getitem__(self, name: str) -> Format:
+        if name in self._base:
+            return self._base[name]
+        if not isinstance(name, str):
+            raise KeyError(name)
+        try:
+            return recipe_variant(name)
+        except ValueError:
+            raise KeyError(name) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._base)
+
+    def __len__(self) -> int:
+        return len(self._base)
+
+
+class _Fp4Names(Set):
+    """Names counted as FP4 in the FLOP share: the base FP4 formats (iteration) and their variants."""
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in FORMATS and FORMATS[name].is_fp4
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, f in _BASE_FORMATS.items() if f.is_fp4)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+FORMATS: Mapping[str, Format] = _FormatRegistry(_BASE_FORMATS)
+FP4_FORMATS = _Fp4Names()
 
 
 def get_format(name: str) -> Format:
-    """Look up a format by name; ValueError naming the choices otherwise."""
-    try:
-        return FORMATS[name]
-    except KeyError:
-        raise ValueError(f"unknown precision format {name!r}; choose one of {sorted(FORMATS)}") from None
+    """Look up a format (or an FP4 recipe variant) by name; ValueError naming the choices otherwise."""
+    if isinstance(name, str) and name in _BASE_FORMATS:
+        return _BASE_FORMATS[name]
+    if not isinstance(name, str):
+        raise ValueError(f"precision format {name!r} must be a name (a string), one of {sorted(_BASE_FORMATS)}")
+    return recipe_variant(name)

@@ -17,7 +17,7 @@ from matplotlib.colors import BoundaryNorm, ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from megatron_snip.precision.formats import FORMATS
+from megatron_snip.precision.formats import FORMATS, base_format_name
 from megatron_snip.precision.plan import GEMMS, LINEARS, GemmId, PrecisionPlan
 
 # Fixed colour per format: greys/blues for high precision, warm colours for FP4.
@@ -28,9 +28,14 @@ FORMAT_COLORS: dict[str, str] = {
     "mxfp8": "#8172b2",
     "nvfp4": "#dd8452",
     "mxfp4": "#c44e52",
+    "fp4_block": "#937860",
 }
 _LINEAR_LABEL = {"qkv": "qkv", "proj": "proj", "fc1": "fc1 (gate+up)", "fc2": "fc2 (down)"}
 _DPI = 120
+
+
+def _color(fmt: str) -> str:
+    return FORMAT_COLORS[base_format_name(fmt)]
 
 
 def _canonical(g: GemmId) -> tuple[int, int, int]:
@@ -38,10 +43,11 @@ def _canonical(g: GemmId) -> tuple[int, int, int]:
 
 
 def _palette(names: Iterable[str]) -> tuple[list[str], ListedColormap, BoundaryNorm]:
-    """Formats present (in FORMATS order), a colormap with one colour each, and its integer norm."""
+    """Formats present (base formats in FORMATS order, then recipe variants by name), a colormap with
+    one colour each (a variant takes its base format's colour), and its integer norm."""
     names = set(names)
-    present = [f for f in FORMATS if f in names]
-    cmap = ListedColormap([FORMAT_COLORS[f] for f in present]).with_extremes(bad="white")  # white = not in plan
+    present = [f for f in FORMATS if f in names] + sorted(names - set(FORMATS))
+    cmap = ListedColormap([_color(f) for f in present]).with_extremes(bad="white")  # white = not in plan
     norm = BoundaryNorm(np.arange(len(present) + 1) - 0.5, len(present))
     return present, cmap, norm
 
@@ -50,7 +56,7 @@ def _legend_handles(
     present: Sequence[str], counts: dict[str, int] | None = None, gaps: bool = False
 ) -> list[Patch]:
     handles = [
-        Patch(facecolor=FORMAT_COLORS[f], edgecolor="black", linewidth=0.5,
+        Patch(facecolor=_color(f), edgecolor="black", linewidth=0.5,
               label=f if counts is None else f"{f} ({counts.get(f, 0)} GEMMs)")
         for f in present
     ]

@@ -14,8 +14,8 @@ Tolerances (fp32, explained):
   the reduction is what makes this true, the same comparison with ``amax_reduce=None`` must
   FAIL (one weight shard is scaled up so local and global amaxes differ).
   NVFP4's stochastic rounding draws one uniform per element of the *local* operand, so a
-  shard's draws cannot equal the unsharded tensor's; for the gradient GEMMs the test turns SR
-  off (``stochastic_gradients=False``) to check everything else (E4M3 block scales, tensor
+  shard's draws cannot equal the unsharded tensor's; for the gradient GEMMs the test uses the
+  recipe variant without SR (``nvfp4-sr``) to check everything else (E4M3 block scales, tensor
   scale, 16x16 weight blocks, Hadamard) exactly - SR under TP is equal in distribution only.
 * Whole model with an NVFP4-fprop plan: the residual stream differs from TP=1 by fp32
   reordering after the first row-parallel sum, which could move a value across an FP4
@@ -26,7 +26,6 @@ Tolerances (fp32, explained):
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 import torch
@@ -37,7 +36,6 @@ from megatron_snip.model.layers import shard_tensor
 from megatron_snip.model.llama import LlamaModel
 from megatron_snip.parallel.ddp import GradReducer
 from megatron_snip.parallel.distributed import init_distributed
-from megatron_snip.precision import formats
 from megatron_snip.precision.plan import GemmPrecision
 
 CFG = ModelConfig(num_layers=2, hidden_size=64, ffn_hidden_size=64, num_attention_heads=4, num_kv_heads=2)
@@ -127,8 +125,7 @@ def _worker_layers(rank: int, world: int) -> str:
 
 
 def _worker_quantized(rank: int, world: int) -> dict:
-    # SR is rank-local by construction (see module docstring): compare the rest exactly.
-    formats.FORMATS["nvfp4"] = dataclasses.replace(formats.FORMATS["nvfp4"], stochastic_gradients=False)
+    # SR is rank-local by construction (see module docstring): nvfp4-sr compares the rest exactly.
     topo = init_distributed(tp=2, pp=1, device_type="cpu", timeout_s=60)
     full, tp = _models(topo)
     pairs = _layer_pairs(full, tp)
@@ -141,7 +138,7 @@ def _worker_quantized(rank: int, world: int) -> dict:
                 (w[lo:lo + n] if column else w[:, lo:lo + n]).mul_(8.0)
             p.weight.copy_(p.shard(f.weight))
     unreduced_failures = []
-    for fmt in ("fp8", "nvfp4"):
+    for fmt in ("fp8", "nvfp4-sr"):
         for gemm in ("fprop", "dgrad", "wgrad"):
             prec = GemmPrecision(**{gemm: fmt})
             for i, (name, f, p, column) in enumerate(pairs):
@@ -194,7 +191,7 @@ def test_tp2_quantized_layers_match_unsharded_quantized_layers():
     res = run_ranks(_worker_quantized, 2, timeout_s=120)
     # fp8 per-tensor scales and nvfp4's tensor scale: every sharded quantized operand must need the reduction
     for r in res:
-        for fmt in ("fp8", "nvfp4"):
+        for fmt in ("fp8", "nvfp4-sr"):
             for gemm in ("fprop", "dgrad", "wgrad"):
                 needed = [lbl for lbl in r["unreduced_failures"] if lbl.startswith(f"{fmt} {gemm}")]
                 assert needed, f"{fmt} {gemm}: dropping amax_reduce changed nothing - the test cannot see the reduction"

@@ -76,9 +76,13 @@ def test_te_compute_capability_rules(fake_gpu, cc, ok):
     for fmt in FORMATS:
         cap = check("te", fmt, dev)
         assert cap.ok == (fmt in ok), (cc, fmt, cap.reason)
-        if not cap.ok and fmt != "mxfp4":
+        if not cap.ok and fmt not in ("mxfp4", "fp4_block"):
             assert f"{cc[0]}.{cc[1]}" in cap.reason and "needs compute capability" in cap.reason
+        elif fmt in ("mxfp4", "fp4_block"):
+            assert "no " + fmt + " recipe" in cap.reason
     assert not check("te", "fp8", "cpu").ok  # TE needs a CUDA device
+    variant = check("te", "nvfp4-sr", dev)  # recipe variants: emulated only, whatever the GPU
+    assert not variant and "recipe variant" in variant.reason and check("emulated", "nvfp4-sr").ok
 
 
 def test_te_own_verdict_is_reported(fake_gpu, monkeypatch):

@@ -23,7 +23,7 @@ from megatron_snip.precision.gemm_shapes import gemm_shape_error
 from megatron_snip.precision.plan import GEMMS, GemmPrecision
 from megatron_snip.precision.quantize import quantize
 
-LOW_PRECISION = [f for f in FORMATS if f != "bf16"]
+LOW_PRECISION = [f for f in FORMATS if f != "bf16"] + ["nvfp4-sr-rht", "mxfp4+sr+rht"]  # + recipe variants
 T_SHAPE, K, N = (4, 32), 128, 256  # x (4, 32, 128): T = 128 tokens
 
 

@@ -259,7 +259,7 @@ def test_all_zero_and_blocks_are_independent(fmt, operand):
     assert rel < (0.2 if get_format(fmt).is_fp4 else 0.06), rel
 
 
-@pytest.mark.parametrize("fmt", ["fp8_block", "mxfp8", "nvfp4", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["fp8_block", "mxfp8", "nvfp4", "mxfp4", "fp4_block"])
 def test_nan_and_inf_poison_only_their_block(fmt):
     spec = get_format(fmt)
     for operand in (Operand.ACTIVATION, Operand.WEIGHT):

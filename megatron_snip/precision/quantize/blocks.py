@@ -112,6 +112,14 @@ def _qdq(
         q = round_to_element((pb * enc).clamp_(-elem.max, elem.max), elem, nb)
         y = q.mul_(s_block).mul_(s_dec)  # q * s_block is exact; one rounding by the tensor scale
 
+    elif spec.scaling is Scaling.BLOCK_FP32:
+        # fp4_block (the SNIP paper's FP4): the stored FP32 scale s = amax / max (correctly
+        # rounded); elements are x / s rounded, dequantized as q * s. A zero block keeps s = 1.
+        s = block_amax / elem.max
+        s = torch.where(block_amax == 0, torch.ones_like(s), s)
+        s = torch.where(finite, s, torch.full_like(s, nan))  # NaN/Inf in a block poisons the block
+        y = round_to_element(pb / s, elem, nb).mul_(s)
+
     else:  # pragma: no cover - every Scaling is handled above
         raise AssertionError(spec.scaling)
     return y.reshape(p.shape)
