@@ -47,10 +47,9 @@ Accounting (stated so the numbers can be checked by hand):
   format's blocks (``precision/gemm_shapes.py``, the rule ``apply_plan`` enforces): the
   reduction dimension (K for fprop, N for dgrad, micro_batch*seq_len for wgrad) a multiple
   of the format's block and the local weight a multiple of its 2-D weight block.
-* **GPU support.** Set ``MEGATRON_SNIP_GPU`` (a100, h100, h200, b200, gb200; default h100).
-  TE: FP8 needs sm_89+, fp8_block sm_90+, MXFP8 and NVFP4 Blackwell sm_100+, MXFP4 has no
-  TE recipe. The emulated backend runs every format everywhere (fake quantization, no
-  speed-up).
+* **GPU support.** Set ``MEGATRON_SNIP_GPU`` or pass ``gpu`` (a type of
+  ``precision/capability.GPUS``; default h100); each format the run may use is checked
+  against that type with ``capability.check_gpu_type``, the rules the start-up check applies.
 """
 
 from __future__ import annotations
@@ -59,10 +58,6 @@ import os
 from dataclasses import dataclass
 
 from megatron_snip.config import Config
-from megatron_snip.precision.capability import ARCH_NAMES, TE_MIN_COMPUTE_CAPABILITY
-from megatron_snip.precision.formats import FORMATS, FP4_FORMATS
-from megatron_snip.precision.gemm_shapes import gemm_shape_error
-from megatron_snip.precision.plan import GEMMS, LINEARS, PrecisionPlan
 from megatron_snip.model.shapes import (
     attention_flops,
     gemm_flops,
@@ -72,6 +67,10 @@ from megatron_snip.model.shapes import (
     model_linear_shapes,
     parameter_counts,
 )
+from megatron_snip.precision.capability import GPUS, GpuSpec, check_gpu_type
+from megatron_snip.precision.formats import FORMATS, FP4_FORMATS
+from megatron_snip.precision.gemm_shapes import gemm_shape_error
+from megatron_snip.precision.plan import GEMMS, LINEARS, PrecisionPlan
 
 GIB = 1024**3
 WEIGHT_BYTES, GRAD_BYTES, ADAM_BYTES = 4, 4, 8  # fp32 master weight, fp32 grad, fp32 m + v
@@ -79,47 +78,12 @@ GPU_ENV = "MEGATRON_SNIP_GPU"
 DEFAULT_GPU = "h100"
 
 
-@dataclass(frozen=True)
-class GpuSpec:
-    """A GPU type: compute capability and device memory as nvidia-smi reports it (GiB)."""
-
-    name: str
-    sm: tuple[int, int]
-    memory_gib: float
-
-
-GPUS: dict[str, GpuSpec] = {
-    g.name.lower(): g
-    for g in (
-        GpuSpec("A100", (8, 0), 80.0),
-        GpuSpec("H100", (9, 0), 79.6),
-        GpuSpec("H200", (9, 0), 140.4),
-        GpuSpec("B200", (10, 0), 179.1),
-        GpuSpec("GB200", (10, 0), 184.0),
-    )
-}
-
 def resolve_gpu(name: str | None = None) -> GpuSpec:
     """The GPU type to size for: ``name``, else ``$MEGATRON_SNIP_GPU``, else H100."""
     key = (name or os.environ.get(GPU_ENV) or DEFAULT_GPU).strip().lower()
     if key not in GPUS:
         raise ValueError(f"GPU type {key!r} (argument gpu or ${GPU_ENV}) is unknown; choose one of {sorted(GPUS)}")
     return GPUS[key]
-
-
-def format_support(backend: str, fmt: str, gpu: GpuSpec) -> tuple[bool, str]:
-    """Can ``backend`` run ``fmt`` on ``gpu``? Returns (ok, reason)."""
-    if backend == "emulated":
-        return True, "emulated (reference quantize-dequantize, BF16/FP32 GEMMs: runs anywhere, no speed-up)"
-    if backend != "te":
-        raise ValueError(f"precision.backend={backend!r} is unknown; choose 'emulated' or 'te'")
-    min_sm = TE_MIN_COMPUTE_CAPABILITY.get(fmt)  # the run-time check's table (recipe variants: absent)
-    if min_sm is None:
-        return False, f"{fmt} has no Transformer Engine recipe; use precision.backend='emulated'"
-    if gpu.sm >= min_sm:
-        return True, f"TE on {gpu.name} (sm_{gpu.sm[0]}{gpu.sm[1]})"
-    return False, (f"{fmt} needs {ARCH_NAMES.get(min_sm, '')} (sm_{min_sm[0]}{min_sm[1]}+) under Transformer Engine; {gpu.name} is "
-                   f"sm_{gpu.sm[0]}{gpu.sm[1]} - use a newer GPU or precision.backend='emulated'")
 
 
 # --------------------------------------------------------------------------------------
@@ -260,6 +224,11 @@ def _vocab(cfg: Config) -> tuple[int, str]:
     return padded, f"at most data.bpe_vocab_size={cfg.data.bpe_vocab_size} padded to 64"
 
 
+def _support(backend: str, fmt: str, gpu: GpuSpec) -> tuple[bool, str]:
+    cap = check_gpu_type(backend, fmt, gpu)
+    return cap.ok, cap.reason
+
+
 def _formats_used(cfg: Config) -> tuple[str, ...]:
     """Formats the run may ask the backend for: the initial plan's and SNIP's candidates."""
     spec = cfg.precision.initial_plan
@@ -375,7 +344,7 @@ def estimate(cfg: Config, world_size: int, gpu: str | None = None) -> Sizing:
         activation_element_bytes=e, activation_bytes_per_token_layer=act_layer,
         stages=tuple(stages), flops=flops, snip=_snip_sizing(cfg, tp, pp), gpu=gpu_spec,
         backend=cfg.precision.backend, formats_used=used,
-        support={fmt: format_support(cfg.precision.backend, fmt, gpu_spec) for fmt in used},
+        support={fmt: _support(cfg.precision.backend, fmt, gpu_spec) for fmt in used},
     )
 
 

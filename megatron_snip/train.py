@@ -17,13 +17,15 @@ EXIT_STOPPED = 3
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from megatron_snip.precision.capability import GPUS
+
     p = argparse.ArgumentParser(prog="megatron-snip", description="Llama pretraining with SNIP adaptive precision")
     p.add_argument("--config", required=True, help="TOML config, e.g. launch/configs/tiny.toml")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override a config field (repeatable), e.g. --set training.max_steps=60")
     p.add_argument("--dry-run", action="store_true", help="validate and print sizing; start no process group")
     p.add_argument("--world-size", type=int, default=None, help="world size for --dry-run")
-    p.add_argument("--gpu", default=None, choices=["a100", "h100", "h200", "b200", "gb200"],
+    p.add_argument("--gpu", default=None, choices=list(GPUS),
                    help="GPU type --dry-run checks the formats against (default: $MEGATRON_SNIP_GPU or h100)")
     return p.parse_args(argv)
 

@@ -41,9 +41,6 @@ from megatron_snip.precision.plan import GemmPrecision
 UNSHARDED = TensorParallel()
 
 
-_DEFAULT_BACKEND = get_backend("emulated")
-
-
 class LinearProbe(Protocol):
     """Replaces a linear's local GEMM while SNIP statistics are collected (see snip/stats.py)."""
 
@@ -108,6 +105,7 @@ class PrecisionLinear(nn.Module):
         generator: torch.Generator for stochastic rounding (shared by the model).
         amax_reduce: reduces a local amax over the TP group (None when unsharded).
         probe: a LinearProbe while SNIP statistics are being collected, else None.
+        backend: the ``Backend`` that runs the GEMMs (emulated until ``LlamaModel.set_backend``).
     """
 
     shard_dim: int | None = None  # weight dim split over TP (None: replicated)
@@ -137,7 +135,8 @@ class PrecisionLinear(nn.Module):
         self.amax_reduce: Callable[[torch.Tensor], torch.Tensor] | None = (
             comm.amax_reducer(tp.group) if self.shard_dim is not None else None)
         self.probe: LinearProbe | None = None
-        self.backend: Backend = _DEFAULT_BACKEND  # runs the GEMMs; set by LlamaModel.set_backend
+        # Runs the GEMMs: the reference until LlamaModel.set_backend installs the configured one.
+        self.backend: Backend = get_backend("emulated")
         self.reset_parameters(init_generator)
 
     def shard(self, full: torch.Tensor) -> torch.Tensor:

@@ -113,9 +113,9 @@ def all_gather_object(obj: Any, group: Any) -> list[Any]:
     return out
 
 
-def barrier(group: Any = None) -> None:
-    """Wait for every rank of ``group`` (the whole world when None and initialized)."""
-    if dist.is_initialized() and (group is None or group_size(group) > 1):
+def barrier(group: Any) -> None:
+    """Wait for every rank of ``group`` (pass ``topo.world_group`` for all ranks); no-op for None."""
+    if _active(group):
         dist.barrier(group=group)
 
 
@@ -141,7 +141,13 @@ def amax_reducer(group: Any) -> Callable[[torch.Tensor], torch.Tensor] | None:
 def exchange(sends: Sequence[tuple[torch.Tensor, int]], recvs: Sequence[tuple[torch.Tensor, int]],
              group: Any) -> None:
     """Point-to-point: post every isend (tensor, GLOBAL dst) and irecv (buffer, GLOBAL src), then
-    wait for all. Posting both directions before waiting is what keeps 1F1B deadlock-free."""
+    wait for all. Posting both directions before waiting is what keeps 1F1B deadlock-free.
+
+    ``group`` holds this rank and its peers (the PP group); without one (None) there are no
+    peers, so there must be nothing to send or receive."""
+    if group is None:
+        assert not sends and not recvs, "exchange: peers need a process group (None is no group)"
+        return
     works = [dist.isend(_wire(t.contiguous()), dst=dst, group=group) for t, dst in sends]
     works += [dist.irecv(_wire(buf), src=src, group=group) for buf, src in recvs]
     for w in works:

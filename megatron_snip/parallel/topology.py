@@ -106,7 +106,7 @@ class ParallelTopology:
     pp_group: Any = None  # ranks sharing (tp, dp): the pipeline this rank belongs to
     dp_group: Any = None  # ranks sharing (tp, pp): data-parallel replicas of this shard
     mp_group: Any = None  # ranks sharing dp: one whole model replica (TP x PP), for global norms
-    world_group: Any = None  # all ranks (None = the default group once initialized)
+    world_group: Any = None  # all ranks (None: no group, a single process - as for every group here)
 
     @classmethod
     def single(cls) -> ParallelTopology:

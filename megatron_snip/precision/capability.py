@@ -21,6 +21,9 @@ Rules:
 
     When TE is importable its own availability check (``te.is_*_available``)
     is consulted too, so driver/cuBLAS limits surface with TE's reason.
+
+``check`` asks about this process's device (start-up); ``check_gpu_type`` asks the
+same rules about a GPU type from ``GPUS`` without one (the dry run, ``sizing.py``).
 """
 
 from __future__ import annotations
@@ -32,7 +35,10 @@ import torch
 
 from megatron_snip.precision.formats import FORMATS, get_format
 
-__all__ = ["ARCH_NAMES", "BACKENDS", "TE_MIN_COMPUTE_CAPABILITY", "Capability", "check", "require"]
+__all__ = [
+    "ARCH_NAMES", "BACKENDS", "GPUS", "TE_MIN_COMPUTE_CAPABILITY", "Capability", "GpuSpec", "check", "check_gpu_type",
+    "require",
+]
 
 BACKENDS: tuple[str, ...] = ("emulated", "te")
 
@@ -57,6 +63,28 @@ _TE_AVAILABILITY_FN: dict[str, str] = {
 }
 
 ARCH_NAMES = {(8, 0): "Ampere", (8, 9): "Ada", (9, 0): "Hopper", (10, 0): "Blackwell"}
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """A GPU type: compute capability and device memory as nvidia-smi reports it (GiB)."""
+
+    name: str
+    sm: tuple[int, int]
+    memory_gib: float
+
+
+# The GPU types a config can be checked against without one (``--dry-run --gpu``), by lower-case name.
+GPUS: dict[str, GpuSpec] = {
+    g.name.lower(): g
+    for g in (
+        GpuSpec("A100", (8, 0), 80.0),
+        GpuSpec("H100", (9, 0), 79.6),
+        GpuSpec("H200", (9, 0), 140.4),
+        GpuSpec("B200", (10, 0), 179.1),
+        GpuSpec("GB200", (10, 0), 184.0),
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -149,6 +177,25 @@ def check(backend: str, fmt: str, device: torch.device | str | None = None) -> C
     if verdict is not None and not verdict[0]:
         return Capability(False, f"Transformer Engine reports {fmt} unavailable: {verdict[1] or 'no reason given'}")
     return Capability(True, f"{fmt} via Transformer Engine on {dev} (compute capability {have[0]}.{have[1]})")
+
+
+def check_gpu_type(backend: str, fmt: str, gpu: GpuSpec) -> Capability:
+    """Can ``backend`` run ``fmt`` on a ``gpu`` of this type? The compute-capability rules of
+    ``check`` for a GPU that is not here (no TE import, driver or TE verdict to consult).
+
+    Raises ValueError for an unknown backend or format name.
+    """
+    _check_names(backend, fmt)
+    if backend == "emulated":
+        return Capability(True, "emulated (reference quantize-dequantize, BF16/FP32 GEMMs: runs anywhere, no speed-up)")
+    need = TE_MIN_COMPUTE_CAPABILITY.get(fmt)  # recipe variants are absent: no TE recipe either
+    if need is None:
+        return Capability(False, f"{fmt} has no Transformer Engine recipe; use precision.backend='emulated'")
+    if gpu.sm >= need:
+        return Capability(True, f"TE on {gpu.name} (sm_{gpu.sm[0]}{gpu.sm[1]})")
+    return Capability(False, f"{fmt} needs {ARCH_NAMES.get(need, '')} (sm_{need[0]}{need[1]}+) under Transformer "
+                             f"Engine; {gpu.name} is sm_{gpu.sm[0]}{gpu.sm[1]} - use a newer GPU or "
+                             "precision.backend='emulated'")
 
 
 def require(backend: str, formats: Iterable[str], device: torch.device | str | None = None) -> None:

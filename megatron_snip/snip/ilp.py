@@ -263,7 +263,7 @@ def _canonical(g: GemmId) -> tuple[int, int, int]:
 
 
 # --------------------------------------------------------------------------------------
-# Exact integer data shared by the CP-SAT model, the DP oracle and the feasibility check
+# Exact integer data shared by the CP-SAT model, the feasibility check and the tests' DP oracle
 # --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Constraints:
@@ -426,7 +426,7 @@ def check_problem(problem: Problem) -> None:
 # --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Solution:
-    """Result of ``solve`` / ``dp_oracle``.
+    """Result of ``solve`` (and of the tests' DP oracle, tests/unit/ilp_oracle.py).
 
     Attributes:
         status: "OPTIMAL" (proven), "FEASIBLE" (time limit hit with a solution, not proven
@@ -598,72 +598,8 @@ def solve(
 
 
 # --------------------------------------------------------------------------------------
-# Independent exact solver (test oracle) and Pareto sweep
+# Pareto sweep
 # --------------------------------------------------------------------------------------
-def dp_oracle(problem: Problem, *, max_states: int = 2_000_000) -> Solution:
-    """Exact dynamic program over the (integer) FP4-FLOP budget - an oracle for tests.
-
-    Units are processed stage by stage. A state is (global FP4 weight capped at its
-    right-hand side, this stage's FP4 weight capped at its right-hand side, global
-    time, this stage's time); it keeps the cheapest choice prefix reaching it. At a
-    stage boundary states that miss the stage's targets are dropped. Costs are the
-    original floats (no scaling), weights the exact integers, so the result is the
-    true optimum. Exponential in the worst case: for small instances only.
-    """
-    try:
-        check_problem(problem)
-    except InfeasibleError as e:
-        return Solution(status="INFEASIBLE", message=str(e))
-    p, c = problem, _constraints(problem)
-    order = sorted(range(len(p.units)), key=lambda i: (p.units[i].stage or 0, i))
-    tinf = 0 if c.time_rhs is None else c.time_rhs
-    States = dict[tuple[int, int, int, int], tuple[float, tuple[int, ...]]]
-    states: States = {(0, 0, 0, 0): (0.0, ())}
-
-    def close_stage(states: States, stage: int | None) -> States:
-        if not p.per_stage:
-            return states
-        fp4_rhs = c.stage_fp4_rhs[stage]
-        t_rhs = c.stage_time_rhs.get(stage, math.inf)
-        closed: States = {}
-        for (g4, s4, t, st), v in states.items():
-            key = (g4, 0, t, 0)  # distinct states can merge here: keep the cheapest
-            if s4 >= fp4_rhs and st <= t_rhs and (key not in closed or v[0] < closed[key][0]):
-                closed[key] = v
-        return closed
-
-    for pos, i in enumerate(order):
-        w, stage = c.weight[i], p.units[i].stage
-        s_rhs = c.stage_fp4_rhs.get(stage, 0)
-        new: States = {}
-        for (g4, s4, t, st), (cost, prefix) in states.items():
-            for j, ok in enumerate(c.allowed[i]):
-                if not ok:
-                    continue
-                d4 = w if c.is_fp4[j] else 0
-                dt = 0 if c.time_int is None else w * c.time_int[j]
-                if c.time_rhs is not None and t + dt > tinf:
-                    continue
-                key = (min(g4 + d4, c.fp4_rhs), min(s4 + d4, s_rhs), t + dt, st + dt)
-                val = cost + p.cost[i][j]
-                if key not in new or val < new[key][0]:
-                    new[key] = (val, prefix + (j,))
-        if len(new) > max_states:
-            raise ValueError(f"dp_oracle: {len(new)} states exceed max_states={max_states}; use a smaller instance")
-        states = new
-        last_of_stage = pos + 1 == len(order) or p.units[order[pos + 1]].stage != stage
-        if last_of_stage:
-            states = close_stage(states, stage)
-    finals = [v for (g4, _, _, _), v in states.items() if g4 >= c.fp4_rhs]
-    if not finals:
-        return Solution(status="INFEASIBLE", message="the targets cannot be met together (dp_oracle)")
-    _, prefix = min(finals, key=lambda v: v[0])
-    choice = [0] * len(p.units)
-    for i, j in zip(order, prefix):
-        choice[i] = j
-    return _solution(p, choice, "OPTIMAL")
-
-
 def pareto_curve(problem: Problem, targets: Iterable[float], **solve_kw) -> list[tuple[float, float]]:
     """Optimal objective as a function of the FP4 target: ``[(rho, objective), ...]`` in the given order.
 
@@ -695,7 +631,6 @@ __all__ = [
     "check_formats",
     "check_problem",
     "check_share",
-    "dp_oracle",
     "pareto_curve",
     "solve",
 ]

@@ -73,7 +73,7 @@ def _worker(rank: int, world: int) -> str:
     # point-to-point in both directions at once
     other = 1 - rank
     recv = torch.empty(3)
-    comm.exchange([(torch.full((3,), float(rank)), other)], [(recv, other)], None)  # None: the world group
+    comm.exchange([(torch.full((3,), float(rank)), other)], [(recv, other)], topo.world_group)
     assert recv.tolist() == [float(other)] * 3
     comm.barrier(topo.world_group)
     return "ok"

@@ -92,6 +92,19 @@ def test_te_own_verdict_is_reported(fake_gpu, monkeypatch):
     assert not cap and "cuBLASLt too old" in cap.reason
 
 
+def test_gpu_type_rules(fake_gpu):
+    """The dry run's check of a GPU type that is not here follows the start-up check's rules."""
+    h100, b200 = capability.GPUS["h100"], capability.GPUS["b200"]
+    assert capability.check_gpu_type("te", "fp8", capability.GPUS["a100"]).ok is False
+    assert capability.check_gpu_type("te", "mxfp8", h100).ok is False and capability.check_gpu_type("te", "mxfp8", b200)
+    assert capability.check_gpu_type("te", "mxfp4", b200).ok is False  # no TE recipe at all
+    assert capability.check_gpu_type("emulated", "mxfp4", h100)
+    for gpu in capability.GPUS.values():  # the same verdicts as on a device of that compute capability
+        fake_gpu["cc"] = gpu.sm
+        for fmt in FORMATS:
+            assert capability.check_gpu_type("te", fmt, gpu).ok == check("te", fmt, "cuda:0").ok, (gpu, fmt)
+
+
 def test_capability_is_truthy():
     assert Capability(True) and not Capability(False, "x")
 

@@ -205,7 +205,8 @@ class QuantLinear(nn.Module):
 
     def extra_repr(self) -> str:
         p = self.precision
-        return f"in_features={self.in_features}, out_features={self.out_features}, precision=({p.fprop}, {p.dgrad}, {p.wgrad})"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"precision=({p.fprop}, {p.dgrad}, {p.wgrad})")
 
 
 def test_quant_linear_module_set_precision():

@@ -21,7 +21,7 @@ from megatron_snip.model.layers import (
     unshard_tensors,
 )
 from megatron_snip.model import shapes
-from megatron_snip.model.llama import LlamaModel, cross_entropy_loss
+from megatron_snip.model.llama import LlamaModel, count_parameters, cross_entropy_loss
 from megatron_snip.parallel.topology import TensorParallel
 
 CFG = ModelConfig(num_layers=2, hidden_size=64, ffn_hidden_size=96, num_attention_heads=4, num_kv_heads=2)
@@ -183,3 +183,16 @@ def test_linear_shapes_and_flop_accounting():
         shapes.linear_shapes(8192, 28672, 64, 3)
     with pytest.raises(ValueError, match="tokens=0"):
         shapes.gemm_flops(sh, 0)
+
+
+def test_model_shapes_describe_the_built_model():
+    # model/shapes.py is what sizing and SNIP read; the model built from it must agree, TP shards included.
+    full_shapes = shapes.model_linear_shapes(CFG)
+    for tp, model in ((1, build()), (2, build(tp=tp_view(1)))):
+        local = shapes.local_linear_shapes(full_shapes, tp)
+        for lin in model.precision_linears():
+            assert (lin.out_features, lin.in_features) == local[lin.linear], (tp, lin.layer, lin.linear)
+            assert lin.global_shape == full_shapes[lin.linear]
+    counts = shapes.parameter_counts(CFG, VOCAB)
+    assert counts.total == count_parameters(build())
+    assert counts.blocks == sum(p.numel() for n, p in build().named_parameters() if n.startswith("layers."))

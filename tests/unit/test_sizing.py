@@ -114,14 +114,6 @@ def test_gpu_from_environment(monkeypatch):
         sizing.resolve_gpu()
 
 
-def test_format_support_rules():
-    h100, b200 = sizing.GPUS["h100"], sizing.GPUS["b200"]
-    assert sizing.format_support("te", "fp8", sizing.GPUS["a100"])[0] is False
-    assert sizing.format_support("te", "mxfp8", h100)[0] is False and sizing.format_support("te", "mxfp8", b200)[0]
-    assert sizing.format_support("te", "mxfp4", b200)[0] is False  # no TE recipe at all
-    assert sizing.format_support("emulated", "mxfp4", h100)[0]
-
-
 def test_dry_run_cli_prints_report_without_process_group(capsys):
     import torch.distributed as dist
 
