@@ -85,6 +85,12 @@ class QuadraticTrainer:
                                        "exp_avg_sq": torch.full_like(p, v_hat * (1 - beta2**step))}
 
 
+def test_the_stand_in_is_a_probe_host():
+    from megatron_snip.snip.host import ProbeHost
+
+    assert isinstance(QuadraticTrainer(), ProbeHost)
+
+
 def collect(trainer, formats, batches, draws=2):
     return StatsCollector(ProbeConfig(formats=formats, noise_draws=draws, seed=0)).collect(trainer, batches, step=1)
 

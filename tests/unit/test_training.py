@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from megatron_snip.config import TrainingConfig, load_config
-from megatron_snip.precision.plan import PrecisionPlan
+from megatron_snip.precision.formats import FP4_FORMATS
+from megatron_snip.precision.plan import PrecisionPlan, all_gemm_ids
 from megatron_snip.snip.costs import linear_numel, model_linear_shapes
 from megatron_snip.training import checkpoint as ckpt
 from megatron_snip.training.lr import lr_at
-from megatron_snip.training.trainer import Trainer, TrainingStopped
+from megatron_snip.training.trainer import Trainer, TrainingStopped, resolve_initial_plan
 
 TINY = "launch/configs/tiny.toml"
 
@@ -137,3 +138,17 @@ def test_backend_check_covers_a_plan_file(small_overrides, tmp_path):
     cfg = load_config(TINY, small_overrides + ["precision.backend=te", f"precision.initial_plan={path}"])
     with pytest.raises(ValueError, match=r"precision.backend='te' cannot run .*nvfp4.*emulated"):
         Trainer(cfg)
+
+
+def test_random_initial_plan_meets_the_target_on_every_stage(small_overrides):
+    """A ``random`` initial plan is made with the run's stage split, like the controller's re-plans:
+    with pp=2 each stage's FP4 share reaches snip.fp4_target (not only the global share)."""
+    # Without the stage split this seed's global fill leaves stage 0 at 0.667 < 0.75 (stage 1 at 0.852).
+    cfg = load_config(TINY, small_overrides + ["precision.initial_plan=random", "parallel.pp=2",
+                                              "snip.fp4_target=0.75", "snip.granularity=gemm", "snip.seed=0"])
+    numel = linear_numel(model_linear_shapes(cfg.model))
+    plan = resolve_initial_plan(cfg, all_gemm_ids(cfg.model.num_layers), numel)
+    for stage in (0, 1):
+        owned = {g: f for g, f in plan.entries if g.layer == stage}  # 2 layers, pp=2: one block per stage
+        fp4 = sum(numel[g.linear] for g, f in owned.items() if f in FP4_FORMATS)
+        assert fp4 / sum(numel[g.linear] for g in owned) >= 0.75, stage
