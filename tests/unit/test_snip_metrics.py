@@ -24,11 +24,11 @@ from megatron_snip.snip import stats as stats_module
 from megatron_snip.snip.metrics import (
     curvature,
     linear_divergences,
-    policy_costs,
     propagation_gain,
     relative_error_costs,
     snip_costs,
 )
+from megatron_snip.snip.policies import policy_costs
 from megatron_snip.snip.stats import ProbeConfig, StatsCollector
 
 T, K, H, N = 128, 32, 32, 32
