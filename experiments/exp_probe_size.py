@@ -40,8 +40,8 @@ import validate_metrics as vm  # noqa: E402
 
 from megatron_snip.snip.controller import draw_micro_batches  # noqa: E402
 from megatron_snip.model.shapes import linear_numel, model_linear_shapes  # noqa: E402
-from megatron_snip.snip.metrics import policy_costs, predicted_divergence  # noqa: E402
-from megatron_snip.snip.policies import PlanContext, make_plan  # noqa: E402
+from megatron_snip.snip.metrics import predicted_divergence  # noqa: E402
+from megatron_snip.snip.policies import PlanContext, make_plan, policy_costs  # noqa: E402
 from megatron_snip.snip.stats import ProbeConfig, StatsCollector  # noqa: E402
 
 

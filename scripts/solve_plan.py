@@ -18,8 +18,8 @@ from pathlib import Path
 from megatron_snip.config import SnipConfig
 from megatron_snip.precision.plan import LINEARS
 from megatron_snip.snip import ilp
-from megatron_snip.snip.metrics import policy_costs, predicted_divergence
-from megatron_snip.snip.policies import PlanContext, make_plan
+from megatron_snip.snip.metrics import predicted_divergence
+from megatron_snip.snip.policies import PlanContext, make_plan, policy_costs
 from megatron_snip.telemetry.plots import plot_pareto, plot_precision_map
 
 

@@ -26,6 +26,7 @@ each exchange posts its sends and receives before waiting (deadlock-free on gloo
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Protocol
 
@@ -123,13 +124,7 @@ def schedule_for(topo: ParallelTopology, name: str) -> Schedule:
     if topo.pp == 1:
         return run_no_pipeline
 
-    def pipelined(forward_step: ForwardStep, num_micro: int, topo: ParallelTopology, *,
-                  activation_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
-                  forward_only: bool = False) -> torch.Tensor:
-        return run_schedule(forward_step, num_micro, topo, activation_shape=activation_shape, dtype=dtype,
-                            device=device, schedule=name, forward_only=forward_only)
-
-    return pipelined
+    return functools.partial(run_schedule, schedule=name)
 
 
 def run_no_pipeline(forward_step: ForwardStep, num_micro: int, topo: ParallelTopology, *,
@@ -171,8 +166,7 @@ def run_schedule(forward_step: ForwardStep, num_micro: int, topo: ParallelTopolo
         The sum of the last stage's returned losses (the mean loss when they were divided by
         M), detached, broadcast over the PP group so every stage returns the same value.
     """
-    if schedule not in ("1f1b", "gpipe"):
-        raise ValueError(f"config parallel.pp_schedule={schedule!r}: choose '1f1b' or 'gpipe'")
+    assert schedule in ("1f1b", "gpipe"), f"schedule {schedule!r} (schedule_for checks the name)"
     if num_micro < 1:
         raise ValueError(f"pipeline needs at least one micro-batch, got {num_micro}")
     p2p = _P2P(topo, tuple(activation_shape), dtype, device)

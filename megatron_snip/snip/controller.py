@@ -30,8 +30,8 @@ from megatron_snip.snip import ilp
 from megatron_snip.model.shapes import linear_numel, model_linear_shapes
 from megatron_snip.snip.gather import reduce_snapshot
 from megatron_snip.snip.host import Replan, SnipHost, TokenSource
-from megatron_snip.snip.metrics import policy_costs, predicted_divergence
-from megatron_snip.snip.policies import PlanContext, SolveTimeoutError, make_plan, parse_policy
+from megatron_snip.snip.metrics import predicted_divergence
+from megatron_snip.snip.policies import PlanContext, SolveTimeoutError, make_plan, parse_policy, policy_costs
 from megatron_snip.snip.stats import ProbeConfig, StatsCollector
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -36,6 +36,7 @@ class TokenSource(Protocol):
     def batch(self, start_sample: int, batch_size: int) -> torch.Tensor: ...
 
 
+@runtime_checkable
 class ProbeHost(Protocol):
     """What the statistics passes (``StatsCollector.collect``) need.
 
@@ -74,6 +75,7 @@ class Logger(Protocol):
     def info(self, message: str) -> None: ...
 
 
+@runtime_checkable
 class SnipHost(ProbeHost, Protocol):
     """What the re-planning controller needs besides the probes.
 

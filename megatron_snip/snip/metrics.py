@@ -112,17 +112,6 @@ def relative_error_costs(snapshot: Mapping[str, Any]) -> dict[GemmId, dict[str, 
     return costs
 
 
-def policy_costs(policy: str, snapshot: Mapping[str, Any],
-                 weight_divergence_weight: float = 1.0) -> dict[GemmId, dict[str, float]]:
-    """The costs an ILP policy minimizes: SNIP's divergences for ``"snip"``, the relative GEMM
-    errors for ``"min_rel_err"`` (the controller and the offline planner both use this)."""
-    if policy == "snip":
-        return snip_costs(snapshot, weight_divergence_weight)
-    if policy == "min_rel_err":
-        return relative_error_costs(snapshot)
-    raise ValueError(f"policy {policy!r} takes no costs; the cost-based policies are 'snip' and 'min_rel_err'")
-
-
 def predicted_divergence(costs: Mapping[GemmId, Mapping[str, float]], assignment: Mapping[GemmId, str]) -> float:
     """Σ cost of the assigned formats - the ILP objective of an assignment."""
     return sum(costs[g][f] for g, f in assignment.items() if g in costs)

@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -54,11 +54,13 @@ from megatron_snip.parallel.topology import stage_of_layer
 from megatron_snip.precision.formats import FORMATS, FP4_FORMATS
 from megatron_snip.precision.plan import GEMMS, LINEARS, GemmId, PrecisionPlan, all_gemm_ids
 from megatron_snip.snip import ilp
+from megatron_snip.snip.metrics import relative_error_costs, snip_costs
 
 DEFAULT_PROTECTED = ("fc2", "proj")
 _EXEMPT = "exempt from fp4_target (a reference, not an efficiency policy)"
 
 Costs = Mapping[GemmId, Mapping[str, float]]
+Statistics = Literal["errors", "all"]
 
 
 class SolveTimeoutError(RuntimeError):
@@ -89,21 +91,24 @@ class Policy:
         forms: the spec forms it accepts, for messages.
         parse: (spec as given, spec stripped, argument after ``:`` or None) -> ``PolicySpec``;
             ValueError naming the forms otherwise.
+        make: (spec, context, costs, previous plan) -> ``PrecisionPlan`` (see ``make_plan``).
         statistics: which probe passes its costs need: None (a static policy, no statistics),
             ``"errors"`` (pass 1 only: measured GEMM errors) or ``"all"`` (also the noise passes:
             curvature and propagation gains). See ``snip/stats.py``.
-        make: (spec, context, costs, previous plan) -> ``PrecisionPlan`` (see ``make_plan``).
+        costs: (whole-model snapshot, weight_divergence_weight) -> the costs it minimizes
+            (``snip/metrics.py``); None for a static policy.
     """
 
     name: str
     forms: tuple[str, ...]
     parse: Callable[[str, str, str | None], PolicySpec]
-    statistics: str | None
     make: Callable[[PolicySpec, PlanContext, Costs | None, PrecisionPlan | None], PrecisionPlan]
+    statistics: Statistics | None = None
+    costs: Callable[[Mapping[str, Any], float], dict[GemmId, dict[str, float]]] | None = None
 
     @property
     def needs_costs(self) -> bool:
-        return self.statistics is not None
+        return self.costs is not None
 
 
 def parse_policy(spec: str) -> PolicySpec:
@@ -123,6 +128,18 @@ def parse_policy(spec: str) -> PolicySpec:
 def needs_costs(spec: str) -> bool:
     """True for the ILP policies (``snip``, ``min_rel_err``) that need a costs mapping."""
     return parse_policy(spec).policy.needs_costs
+
+
+def policy_costs(spec: str, snapshot: Mapping[str, Any],
+                 weight_divergence_weight: float = 1.0) -> dict[GemmId, dict[str, float]]:
+    """The costs an ILP policy minimizes, from a whole-model statistics snapshot: SNIP's divergences
+    for ``"snip"``, the relative GEMM errors for ``"min_rel_err"`` (the controller and the offline
+    planner both use this). ValueError for a policy that takes no costs."""
+    policy = parse_policy(spec).policy
+    if policy.costs is None:
+        takers = " and ".join(repr(p.name) for p in POLICIES.values() if p.costs is not None)
+        raise ValueError(f"policy {spec!r} takes no costs; the cost-based policies are {takers}")
+    return policy.costs(snapshot, weight_divergence_weight)
 
 
 def _parse_plain(spec: str, text: str, arg: str | None) -> PolicySpec:
@@ -494,14 +511,14 @@ def _ilp_plan(
 
 # The registry: one entry per policy, in the order the spec forms are listed.
 POLICIES: Mapping[str, Policy] = MappingProxyType({p.name: p for p in (
-    Policy("bf16", ("bf16",), _parse_plain, None, _make_bf16),
-    Policy("uniform", ("uniform:<format>",), _parse_uniform, None, _make_uniform),
-    Policy("bf16_ends", ("bf16_ends", "bf16_ends:<first>,<last>"), _parse_bf16_ends, None, _make_bf16_ends),
-    Policy("layer_type", ("layer_type", "layer_type:<linear>[,<linear>...]"), _parse_layer_type, None,
-           _make_layer_type),
-    Policy("random", ("random",), _parse_plain, None, _make_random),
-    Policy("min_rel_err", ("min_rel_err",), _parse_plain, "errors", _ilp_plan),
-    Policy("snip", ("snip",), _parse_plain, "all", _ilp_plan),
+    Policy("bf16", ("bf16",), _parse_plain, _make_bf16),
+    Policy("uniform", ("uniform:<format>",), _parse_uniform, _make_uniform),
+    Policy("bf16_ends", ("bf16_ends", "bf16_ends:<first>,<last>"), _parse_bf16_ends, _make_bf16_ends),
+    Policy("layer_type", ("layer_type", "layer_type:<linear>[,<linear>...]"), _parse_layer_type, _make_layer_type),
+    Policy("random", ("random",), _parse_plain, _make_random),
+    Policy("min_rel_err", ("min_rel_err",), _parse_plain, _ilp_plan, statistics="errors",
+           costs=lambda snapshot, weight_divergence_weight: relative_error_costs(snapshot)),
+    Policy("snip", ("snip",), _parse_plain, _ilp_plan, statistics="all", costs=snip_costs),
 )})
 POLICY_FORMS: tuple[str, ...] = tuple(form for p in POLICIES.values() for form in p.forms)
 
@@ -517,4 +534,5 @@ __all__ = [
     "make_plan",
     "needs_costs",
     "parse_policy",
+    "policy_costs",
 ]

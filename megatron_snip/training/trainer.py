@@ -2,7 +2,10 @@
 
 One ``Trainer`` per rank. Everything it needs about parallelism comes from the
 ``ParallelTopology`` it is given; collectives live in ``parallel/``. Precision only
-changes through ``apply_plan`` at a step boundary (house rule 2).
+changes through ``apply_plan`` at a step boundary (house rule 2). The trainer is SNIP's host
+(``snip/host.py``: model, optimizer state, topology, probe data, forward/backward, the plan in
+force) and the one place a plan is recorded (``record_replan``: plan JSON, statistics snapshot,
+precision map, log and metrics lines, W&B, checkpointed state).
 
 Parallelism: the model is this rank's TP shard of its PP stage (``LlamaModel(layers=...,
 tp=...)``); ``forward_backward`` runs the layout's schedule of ``parallel/pipeline.py`` (no

@@ -12,6 +12,7 @@ import torch
 from megatron_snip.config import load_config
 from megatron_snip.precision.plan import PrecisionPlan
 from megatron_snip.snip.controller import SnipController, is_replan_step
+from megatron_snip.snip.host import SnipHost
 from megatron_snip.training.trainer import Trainer
 
 TINY = "launch/configs/tiny.toml"
@@ -57,6 +58,14 @@ def _losses(run_dir):
 
 def test_schedule():
     assert [s for s in range(40) if is_replan_step(s, 10, 20)] == [10, 30]
+
+
+def test_the_trainer_is_a_snip_host(small_overrides):
+    """Every member SNIP uses of its host (snip/host.py) exists on the Trainer."""
+    tr = Trainer(load_config(TINY, small_overrides + SNIP))
+    assert isinstance(tr, SnipHost)
+    assert not isinstance(object(), SnipHost)
+    tr.logger.close()
 
 
 def test_probe_micro_batches_follow_the_config(small_overrides):

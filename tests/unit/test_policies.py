@@ -14,6 +14,8 @@ from megatron_snip.precision.formats import FP4_FORMATS
 from megatron_snip.precision.plan import LINEARS, GemmId, PrecisionPlan, all_gemm_ids
 from megatron_snip.snip import ilp
 from megatron_snip.snip.policies import (
+    POLICIES,
+    POLICY_FORMS,
     PlanContext,
     SolveTimeoutError,
     make_plan,
@@ -213,3 +215,28 @@ def test_context_validation():
         ctx(granularity="block")
     with pytest.raises(ValueError, match=r"stage_of_layer has no stage for layer\(s\) \[5\]"):
         ctx(stage_of_layer={i: 0 for i in range(5)})
+
+
+def test_registry_says_which_statistics_each_policy_needs():
+    """The controller runs the passes a policy's registry entry names: SNIP's costs need the noise
+    passes (curvature, propagation), the local-error baseline only pass 1, the rest nothing."""
+    assert {name: p.statistics for name, p in POLICIES.items()} == {
+        "bf16": None, "uniform": None, "bf16_ends": None, "layer_type": None, "random": None,
+        "min_rel_err": "errors", "snip": "all"}
+    assert all(parse_policy(form.split(":<")[0] if ":<" in form else form).name == name
+               for name, p in POLICIES.items() for form in p.forms if form != "uniform:<format>")
+    assert POLICY_FORMS[0] == "bf16" and POLICY_FORMS[-1] == "snip"
+
+
+def test_plan_context_for_run_takes_config_and_stages():
+    from megatron_snip.config import SnipConfig
+
+    snip = SnipConfig(formats=("fp8", "nvfp4"), fp4_target=0.5, granularity="gemm", seed=3, solver_max_time=2.0)
+    c = PlanContext.for_run(snip, NUM_LAYERS, NUMEL, 2, step=7)
+    assert (c.formats, c.fp4_target, c.granularity, c.seed, c.step, c.max_deterministic_time) == \
+        (("fp8", "nvfp4"), 0.5, "gemm", 3, 7, 2.0)
+    assert dict(c.stage_of_layer) == STAGES
+    assert PlanContext.for_run(snip, NUM_LAYERS, NUMEL, 1).stage_of_layer is None
+    assert PlanContext.for_run(snip, NUM_LAYERS, NUMEL, 1, fp4_target=0.9).fp4_target == 0.9
+    with pytest.raises(ValueError, match="snip.fp4_target"):  # overrides are validated as the config is
+        PlanContext.for_run(snip, NUM_LAYERS, NUMEL, 1, fp4_target=1.5)

@@ -24,11 +24,11 @@ from megatron_snip.snip import stats as stats_module
 from megatron_snip.snip.metrics import (
     curvature,
     linear_divergences,
-    policy_costs,
     propagation_gain,
     relative_error_costs,
     snip_costs,
 )
+from megatron_snip.snip.policies import policy_costs
 from megatron_snip.snip.stats import ProbeConfig, StatsCollector
 
 T, K, H, N = 128, 32, 32, 32
@@ -83,6 +83,12 @@ class QuadraticTrainer:
         for p in self.model.parameters():
             self.optimizer.state[p] = {"step": torch.tensor(float(step)), "exp_avg": torch.zeros_like(p),
                                        "exp_avg_sq": torch.full_like(p, v_hat * (1 - beta2**step))}
+
+
+def test_the_stand_in_is_a_probe_host():
+    from megatron_snip.snip.host import ProbeHost
+
+    assert isinstance(QuadraticTrainer(), ProbeHost)
 
 
 def collect(trainer, formats, batches, draws=2):

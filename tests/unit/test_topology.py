@@ -8,7 +8,14 @@ import pytest
 
 from megatron_snip.config import load_config
 from megatron_snip.parallel.distributed import destroy_distributed, env_world_size, init_distributed
-from megatron_snip.parallel.topology import ParallelTopology, TensorParallel, check_layout, group_ranks
+from megatron_snip.parallel.pipeline import run_no_pipeline, schedule_for
+from megatron_snip.parallel.topology import (
+    ParallelTopology,
+    TensorParallel,
+    check_layout,
+    group_ranks,
+    stage_of_layer,
+)
 
 LAYOUTS = [(1, 1, 1), (2, 2, 1), (2, 1, 2), (4, 2, 2), (8, 2, 2), (8, 2, 1), (8, 1, 4), (16, 2, 4), (12, 3, 2)]
 
@@ -54,6 +61,22 @@ def test_stage_layers_even_split():
     assert [list(t.stage_layers(8, p)) for p in range(4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     with pytest.raises(ValueError, match=r"model.num_layers=6 .*parallel.pp=4"):
         t.stage_layers(6)
+
+
+def test_stage_of_layer_is_the_topologys_split():
+    """The per-stage plan constraints and the model's stages use one split."""
+    t = ParallelTopology.from_rank(4, 0, tp=1, pp=4)
+    assert stage_of_layer(8, 4) == {layer: p for p in range(4) for layer in t.stage_layers(8, p)}
+    assert stage_of_layer(8, 1) is None
+    with pytest.raises(ValueError, match=r"model.num_layers=6 .*parallel.pp=4"):
+        stage_of_layer(6, 4)
+
+
+def test_one_stage_runs_the_no_pipeline_schedule():
+    assert schedule_for(ParallelTopology.single(), "1f1b") is run_no_pipeline
+    assert schedule_for(ParallelTopology.from_rank(2, 0, tp=1, pp=2), "gpipe") is not run_no_pipeline
+    with pytest.raises(ValueError, match="parallel.pp_schedule='zb'"):
+        schedule_for(ParallelTopology.single(), "zb")
 
 
 @pytest.mark.parametrize("world,tp,pp,words", [

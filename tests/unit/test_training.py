@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from megatron_snip.config import TrainingConfig, load_config
-from megatron_snip.precision.plan import PrecisionPlan
 from megatron_snip.model.shapes import linear_numel, model_linear_shapes
+from megatron_snip.precision.formats import FP4_FORMATS
+from megatron_snip.precision.plan import PrecisionPlan, all_gemm_ids
 from megatron_snip.training import checkpoint as ckpt
 from megatron_snip.training.lr import lr_at
-from megatron_snip.training.trainer import Trainer, TrainingStopped
+from megatron_snip.training.trainer import Trainer, TrainingStopped, resolve_initial_plan
 
 TINY = "launch/configs/tiny.toml"
 
@@ -146,3 +147,17 @@ def test_plan_whose_blocks_do_not_tile_the_gemms_is_refused_when_applied(small_o
     with pytest.raises(ValueError, match=r"cannot run on this model/layout: 0\.qkv\.fprop=fp8_block "
                                          r"\(local weight 128x64, tp=1, T=128\): X \(128, 64\): .*blocks of 128"):
         Trainer(cfg)
+
+
+def test_random_initial_plan_meets_the_target_on_every_stage(small_overrides):
+    """A ``random`` initial plan is made with the run's stage split, like the controller's re-plans:
+    with pp=2 each stage's FP4 share reaches snip.fp4_target (not only the global share)."""
+    # Without the stage split this seed's global fill leaves stage 0 at 0.667 < 0.75 (stage 1 at 0.852).
+    cfg = load_config(TINY, small_overrides + ["precision.initial_plan=random", "parallel.pp=2",
+                                              "snip.fp4_target=0.75", "snip.granularity=gemm", "snip.seed=0"])
+    numel = linear_numel(model_linear_shapes(cfg.model))
+    plan = resolve_initial_plan(cfg, all_gemm_ids(cfg.model.num_layers), numel)
+    for stage in (0, 1):
+        owned = {g: f for g, f in plan.entries if g.layer == stage}  # 2 layers, pp=2: one block per stage
+        fp4 = sum(numel[g.linear] for g, f in owned.items() if f in FP4_FORMATS)
+        assert fp4 / sum(numel[g.linear] for g in owned) >= 0.75, stage
