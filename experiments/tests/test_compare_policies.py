@@ -217,7 +217,8 @@ def test_aggregate_mean_std_and_paired_difference(tmp_path):
 def test_report_from_fake_results(tmp_path):
     results = fake_results(tmp_path)
     p = small_protocol(seeds=(1, 2, 3), format_sets=(MX,), sweep_rhos=(0.5, 0.75), sweep_format_sets=(MX,))
-    report = report_writer.write_report(results, p, tmp_path / "docs" / "results.md", command="python -m experiments.compare_policies X")
+    report = report_writer.write_report(results, p, tmp_path / "docs" / "results.md",
+                                        command="python -m experiments.compare_policies X")
     text = report.read_text()
     assert "python -m experiments.compare_policies X" in text.split("## Protocol")[0]
     # the snip row on the other domain: mean ± std, gap to BF16, paired difference (3 pairs)
@@ -263,7 +264,8 @@ def test_end_to_end_bf16_and_snip(tmp_path, capsys):
     argv = [*(a for s in SMALL_SETS for a in ("--set", s)), "--set", f"data.cache_dir={tmp_path / 'cache'}",
             "--steps", "3", "--warmup", "1", "--interval", "1", "--eval-interval", "3", "--eval-batches", "1",
             "--seeds", "1", "--policies", "bf16;snip", "--format-sets", "fp8,nvfp4", "--no-sweep",
-            "--train-corpus", str(train), "--valid-corpus", f"later={other}", "--valid-corpus", "python_docs=", "--jobs", "2", "--timeout", "120",
+            "--train-corpus", str(train), "--valid-corpus", f"later={other}", "--valid-corpus", "python_docs=",
+            "--jobs", "2", "--timeout", "120",
             "--out-dir", str(out), "--report", str(report)]
     assert cli.main(argv) == 0
     recs = {r["policy"]: r for r in store.read_results(out / "results.jsonl")}
