@@ -34,10 +34,8 @@ import sys
 import tarfile
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from megatron_snip.data.corpus import SAMPLE_DIR, BUNDLED_SAMPLES, file_sha256, write_jsonl  # noqa: E402
+from megatron_snip.data.corpus import BUNDLED_SAMPLES, SAMPLE_DIR, file_sha256, write_jsonl
 
 
 @dataclass(frozen=True)
