@@ -1,7 +1,7 @@
 """How noisy is SNIP's forward-noise curvature κ, and which estimator buys the most per pass?
 
-    python scripts/exp_curvature_estimator.py [--draws 32] [--train-steps 60] [--sigma-scale 1]
-                                              [--out docs/bench/curvature_estimator.json]
+    python -m experiments.exp_curvature_estimator [--draws 32] [--train-steps 60] [--sigma-scale 1]
+                                                  [--out docs/bench/curvature_estimator.json]
 
 Trains `tiny` (BF16, --train-steps), takes one probe micro-batch, and records for ``--draws``
 Gaussian draws ε (σ as in stats.py: the harshest format's forward-error scale, noise in every
@@ -19,6 +19,11 @@ and the Spearman correlation of κ̂ with the truth across linears.
 
 ``--sigma-scale`` multiplies σ (the noise-scale question: κ depends on σ only through the
 third- and higher-order terms of the loss in Y; compare ``kappa_truth_all_draws`` across scales).
+The short BF16 training run goes to a temporary directory (``--run-dir`` keeps it).
+
+It reaches into ``snip/stats.py``'s probe machinery (``StatsCollector._probes``, ``_harshest``,
+``_Record``, ``_flat``, ``_frozen_weights``): the experiment re-runs the statistics' noise passes
+one draw at a time, which no public entry point offers.
 """
 
 from __future__ import annotations
@@ -26,17 +31,28 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
+import tempfile
 import time
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
 
 import numpy as np
 import torch
 from scipy.stats import spearmanr
+
+from experiments.bench.common import build_trainer
+from megatron_snip.config import load_config
+from megatron_snip.precision.gemm import tune_cpu_malloc
+from megatron_snip.snip.stats import (
+    ProbeConfig,
+    StatsCollector,
+    _flat,
+    _frozen_weights,
+    _Record,
+    forward_noise_sigma,
+    key_of,
+)
 
 ESTIMATORS = (("antithetic", 1), ("antithetic", 2), ("one-sided", 1), ("one-sided", 2), ("one-sided", 4))
 
@@ -49,26 +65,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sigma-scale", type=float, default=1.0, help="multiplies the noise σ of stats.py")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="docs/bench/curvature_estimator.json")
+    ap.add_argument("--run-dir", default=None, help="run directory of the training steps (default: a temporary one)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    import bench_overheads
-
-    from megatron_snip.config import load_config
-    from megatron_snip.precision.gemm import tune_cpu_malloc
-    from megatron_snip.snip.stats import (
-        ProbeConfig,
-        StatsCollector,
-        _flat,
-        _frozen_weights,
-        _Record,
-        forward_noise_sigma,
-        key_of,
-    )
-
     tune_cpu_malloc()
-    cfg = load_config(args.config, ["training.run_dir=/tmp/exp_curvature/run", "snip.enabled=false"])
-    tr = bench_overheads.build_trainer(cfg)
+    with tempfile.TemporaryDirectory(prefix="exp_curvature_") as tmp:
+        run_dir = args.run_dir or str(Path(tmp) / "run")
+        cfg = load_config(args.config, [f"training.run_dir={json.dumps(run_dir)}", "snip.enabled=false"])
+        trainer = build_trainer(cfg)
+        out = estimate(args, cfg, trainer)
+        trainer.logger.close()
+    out = {"command": shlex.join(["python", "-m", "experiments.exp_curvature_estimator",
+                                  *(sys.argv[1:] if argv is None else argv)]), **out}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+def estimate(args: argparse.Namespace, cfg, tr) -> dict:
+    """Train ``tr`` for --train-steps, draw the noise, score the estimators against the held-out truth."""
     for step in range(args.train_steps):
         tr.train_step(step)
     collector = StatsCollector(ProbeConfig(formats=tuple(cfg.snip.formats),
@@ -123,14 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     truth_rel_se = float(np.sqrt(np.mean((single.std(0) / math.sqrt(args.draws) / np.abs(truth_all).mean()) ** 2)))
     print(f"truth's own relative standard error (all {args.draws} draws): {truth_rel_se:.2f}; "
           f"{time.perf_counter() - t0:.0f} s of noise passes")
-    out = {"command": "python scripts/exp_curvature_estimator.py " + " ".join(argv or sys.argv[1:]),
-           "config": args.config, "train_steps": args.train_steps, "draws": args.draws, "threads": args.threads,
-           "sigma_scale": args.sigma_scale,
-           "linears": keys, "kappa_truth_all_draws": truth_all.tolist(), "truth_rel_se": truth_rel_se,
-           "estimators": results}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
-    return 0
+    return {"config": args.config, "train_steps": args.train_steps, "draws": args.draws, "threads": args.threads,
+            "sigma_scale": args.sigma_scale,
+            "linears": keys, "kappa_truth_all_draws": truth_all.tolist(), "truth_rel_se": truth_rel_se,
+            "estimators": results}
 
 
 if __name__ == "__main__":

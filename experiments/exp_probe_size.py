@@ -1,8 +1,8 @@
 """How the probe's size trades SNIP's re-plan cost against the quality of what it predicts.
 
-    python scripts/exp_probe_size.py --run-dir runs/validate_metrics --out docs/bench/probe_size.json
+    python -m experiments.exp_probe_size --run-dir runs/validate_metrics --out docs/bench/probe_size.json
 
-On the metric-validation checkpoint (scripts/validate_metrics.py: `tiny` trained --steps in BF16,
+On the metric-validation checkpoint (experiments/validate_metrics.py: `tiny` trained --steps in BF16,
 resumed from --run-dir, trained there if absent) the ground truth is measured once on held-out
 batches (``validate_metrics.ground_truth``). Then, for every probe setting PxSxD (P probe
 micro-batches of S sequences, D forward-noise draws each: ``snip.probe_batches``,
@@ -10,7 +10,7 @@ micro-batches of S sequences, D forward-noise draws each: ``snip.probe_batches``
 disjoint windows of training data, and reported per setting (mean, min and max over windows):
 
 - ``spearman``: rank correlation of predicted ΔL and ΔW with the truth, per --formats and over
-  all of them (what scripts/validate_metrics.py reports for one setting);
+  all of them (what experiments/validate_metrics.py reports for one setting);
 - ``plan_agreement``: share of GEMMs given the same format as the reference plan, for the
   SNIP plan over --plan-formats at --fp4-target; the reference plan comes from a --reference
   setting on its own window, after the others (so no setting shares its data);
@@ -20,29 +20,25 @@ disjoint windows of training data, and reported per setting (mean, min and max o
   a scale;
 - ``stats_s``: seconds of statistics (all formats, so more than a re-plan with fewer of them;
   the first window of a new micro-batch shape also compiles quantizer kernels, so read the
-  median; scripts/bench_overheads.py measures the re-plan itself).
+  median; ``python -m experiments.bench.overheads`` measures the re-plan itself).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))  # validate_metrics; scripts/ is not a package
-sys.path.insert(0, str(REPO))
-
-import validate_metrics as vm  # noqa: E402
-
-from megatron_snip.snip.controller import draw_micro_batches  # noqa: E402
-from megatron_snip.model.shapes import linear_numel, model_linear_shapes  # noqa: E402
-from megatron_snip.snip.metrics import predicted_divergence  # noqa: E402
-from megatron_snip.snip.policies import PlanContext, make_plan, policy_costs  # noqa: E402
-from megatron_snip.snip.stats import ProbeConfig, StatsCollector  # noqa: E402
+from experiments import validate_metrics as vm
+from megatron_snip.snip.controller import draw_micro_batches
+from megatron_snip.model.shapes import linear_numel, model_linear_shapes
+from megatron_snip.snip.metrics import predicted_divergence
+from megatron_snip.snip.policies import PlanContext, make_plan, policy_costs
+from megatron_snip.snip.stats import ProbeConfig, StatsCollector
 
 
 def parse_setting(text: str) -> tuple[int, int, int]:
@@ -150,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
-        "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
+        "command": shlex.join(["python", "-m", "experiments.exp_probe_size", *(sys.argv[1:] if argv is None else argv)]),
         "steps": args.steps, "formats": list(truth_formats), "plan_formats": list(plan_formats),
         "fp4_target": args.fp4_target, "truth_batches": args.truth_batches, "windows": args.windows,
         "reference": args.reference, "reference_objective": best, "baseline_regret": baseline_regret,

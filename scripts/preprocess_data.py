@@ -17,13 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from megatron_snip.data.corpus import read_jsonl, tokenize_to_indexed  # noqa: E402
-from megatron_snip.data.indexed import IndexedDataset, bin_path, idx_path  # noqa: E402
-from megatron_snip.data.tokenizer import build_tokenizer  # noqa: E402
+from megatron_snip.data.corpus import read_jsonl, tokenize_to_indexed
+from megatron_snip.data.indexed import IndexedDataset, bin_path, idx_path
+from megatron_snip.data.tokenizer import build_tokenizer
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -22,8 +22,8 @@ class CostModel:
 
     step_s: float
     startup_s: float = 10.0
-    # Measured in the default comparison (docs/results.md, compiled quantizers, two 1-thread jobs on
-    # 2 cores): mean train seconds of the uniform runs over the BF16 runs' 95 s, and ~6 s per re-plan.
+    # Measured in the recorded default comparison (docs/results.md, "Cost": compiled quantizers, two
+    # 1-thread jobs): mean train seconds of the uniform runs over the BF16 runs', and the re-plan time.
     emulation: Mapping[str, float] = field(default_factory=lambda: {"bf16": 1.0, "fp8": 1.30, "nvfp4": 1.64, "mxfp4": 1.41})
     replan_steps: float = 32.0  # one statistics re-plan, in BF16 training steps (same measurement)
     eval_step_fraction: float = 0.33  # one eval micro-batch forward, in training steps
@@ -48,7 +48,8 @@ class CostModel:
     @classmethod
     def from_overheads(cls, path: Path, step_s: float) -> CostModel:
         if not path.is_file():
-            raise ValueError(f"--overheads={str(path)!r} does not exist; write it with python -m experiments.bench.overheads --out")
+            raise ValueError(f"--overheads={str(path)!r} does not exist; write it with "
+                             f"python -m experiments.bench.overheads --out {path}")
         d = json.loads(path.read_text())
         emul = {f: float(v["ratio"]) for f, v in d.get("emulation", {}).get("formats", {}).items() if "ratio" in v}
         kw = {}

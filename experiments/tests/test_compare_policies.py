@@ -3,8 +3,10 @@ tiny end-to-end run."""
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -100,6 +102,31 @@ def test_best_static_baseline_uses_training_domain_only():
                rec("snip", 1, 1.0, 1.0), rec("min_rel_err", 1, 1.0, 1.0)]  # not static baselines
     assert store.best_static_baseline(results, MX, 0.75) == "layer_type"
     assert store.best_static_baseline(results, NV, 0.75) is None
+
+
+def test_valid_corpora_defaults_replace_and_drop():
+    assert cli.valid_corpora([]) == ("bundled:moby_dick", "corpus/python_docs.jsonl")  # shipped or fetched by name
+    assert cli.valid_corpora([("python_docs", "/data/python_docs.jsonl")]) == ("bundled:moby_dick", "/data/python_docs.jsonl")
+    assert cli.valid_corpora([("python_docs", ""), ("later", "x/later.jsonl")]) == ("bundled:moby_dick", "x/later.jsonl")
+    assert cli.parse_valid_corpus("later=a/later.jsonl") == ("later", "a/later.jsonl")
+    assert cli.parse_valid_corpus("python_docs=") == ("python_docs", "")
+    with pytest.raises(argparse.ArgumentTypeError, match="val_loss_later"):  # the trainer names it by its stem
+        cli.parse_valid_corpus("docs=a/later.jsonl")
+    with pytest.raises(argparse.ArgumentTypeError, match="NAME=PATH"):
+        cli.parse_valid_corpus("a/later.jsonl")
+
+
+def test_missing_validation_corpus_stops_before_any_run(tmp_path, capsys):
+    missing = tmp_path / "later.jsonl"
+    argv = [*(a for s in SMALL_SETS for a in ("--set", s)), "--steps", "3", "--warmup", "1", "--seeds", "1",
+            "--policies", "bf16", "--no-sweep", "--valid-corpus", f"later={missing}",
+            "--out-dir", str(tmp_path / "cmp"), "--report", str(tmp_path / "results.md")]
+    assert cli.main(argv + ["--dry-list"]) == 0  # listing still works, and says what is missing
+    assert f"validation corpus {missing} does not exist" in capsys.readouterr().out
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert str(missing) in err and "prepare_corpus.py" in err and "--valid-corpus NAME=" in err
+    assert not (tmp_path / "cmp").exists() and not (tmp_path / "results.md").exists()
 
 
 # --- resume -------------------------------------------------------------------------------
@@ -217,7 +244,8 @@ def test_aggregate_mean_std_and_paired_difference(tmp_path):
 def test_report_from_fake_results(tmp_path):
     results = fake_results(tmp_path)
     p = small_protocol(seeds=(1, 2, 3), format_sets=(MX,), sweep_rhos=(0.5, 0.75), sweep_format_sets=(MX,))
-    report = report_writer.write_report(results, p, tmp_path / "docs" / "results.md", command="python -m experiments.compare_policies X")
+    report = report_writer.write_report(results, p, tmp_path / "docs" / "results.md",
+                                        command="python -m experiments.compare_policies X")
     text = report.read_text()
     assert "python -m experiments.compare_policies X" in text.split("## Protocol")[0]
     # the snip row on the other domain: mean ± std, gap to BF16, paired difference (3 pairs)
@@ -263,7 +291,8 @@ def test_end_to_end_bf16_and_snip(tmp_path, capsys):
     argv = [*(a for s in SMALL_SETS for a in ("--set", s)), "--set", f"data.cache_dir={tmp_path / 'cache'}",
             "--steps", "3", "--warmup", "1", "--interval", "1", "--eval-interval", "3", "--eval-batches", "1",
             "--seeds", "1", "--policies", "bf16;snip", "--format-sets", "fp8,nvfp4", "--no-sweep",
-            "--train-corpus", str(train), "--valid-corpus", f"later={other}", "--valid-corpus", "python_docs=", "--jobs", "2", "--timeout", "120",
+            "--train-corpus", str(train), "--valid-corpus", f"later={other}", "--valid-corpus", "python_docs=",
+            "--jobs", "2", "--timeout", "120",
             "--out-dir", str(out), "--report", str(report)]
     assert cli.main(argv) == 0
     recs = {r["policy"]: r for r in store.read_results(out / "results.jsonl")}
@@ -277,6 +306,9 @@ def test_end_to_end_bf16_and_snip(tmp_path, capsys):
     assert recs["bf16"]["fp4_share"] == 0.0
     assert recs["snip"]["fp4_share"] >= 0.75
     text = report.read_text()
+    # the report counts the protocol's parameters itself; the trainer's own count agrees
+    logged = re.search(r"model: ([0-9.]+)M parameters", (Path(recs["bf16"]["run_dir"]) / "train.log").read_text())
+    assert f", {logged.group(1)}M parameters." in text.split("## Primary")[0]
     assert text.index("`val_loss_later`") < text.index("training domain: held-out documents of")
     assert "| snip | fp8,nvfp4 | 0.75 |" in text and "compare_snip_precision_map_fp8-nvfp4_seed1.png" in text
     capsys.readouterr()

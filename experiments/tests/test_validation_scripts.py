@@ -1,4 +1,4 @@
-"""scripts/validate_metrics.py's truth reliability, and scripts/exp_probe_size.py (which shares
+"""experiments/validate_metrics.py's truth reliability, and experiments/exp_probe_size.py (which shares
 validate_metrics' pieces) on a 2-layer model: the JSON it writes holds what its docstring
 promises, and the plan regrets obey what makes them meaningful (the reference plan is optimal
 under the reference costs, so no plan beats it)."""
@@ -7,16 +7,10 @@ from __future__ import annotations
 
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts"))
-
-import exp_probe_size  # noqa: E402
-import validate_metrics  # noqa: E402
+from experiments import exp_probe_size, validate_metrics
 
 
 def _rows(per_linear_batches):

@@ -75,7 +75,7 @@ def read_jsonl(path: str | os.PathLike, key: str = "text") -> Iterator[str]:
 def write_jsonl(records: Iterable[Mapping], path: str | os.PathLike) -> int:
     """Write one JSON object per line (gzip if ``path`` ends in .gz), atomically; returns the count.
 
-    ``json.dumps`` defaults (ASCII-escaped), the layout of /work/shared/data/*.jsonl.
+    ``json.dumps`` defaults (ASCII-escaped), the layout ``scripts/prepare_corpus.py`` writes.
     """
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))

@@ -31,7 +31,7 @@ Integer scaling (CP-SAT is an integer solver), stated precisely:
     returned objective (always re-evaluated in the original float costs) is within
     ``num_units * max_cost / COST_RESOLUTION`` of the true float optimum.
 
-Solver settings (found by a probe on this machine): ``num_workers=1``,
+Solver settings (chosen by benchmark, docs/bench/README.md): ``num_workers=1``,
 ``linearization_level=2``, fixed ``random_seed`` and a *deterministic* time limit
 (``max_deterministic_time``, not wall-clock) - this proves optimality on
 knapsack-like instances quickly and gives identical answers run to run.

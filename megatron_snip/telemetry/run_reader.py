@@ -1,6 +1,6 @@
 """Read a run directory back: the curves of ``metrics.jsonl`` (written by ``telemetry.logger.RunLogger``)
-and the policy named in its ``config.toml``. Used by ``scripts/plot_run.py`` and the experiments'
-comparison driver, so both read runs the same way."""
+and the policy named in its ``config.toml`` - the one reader, so every tool that looks at finished
+runs (``scripts/plot_run.py``, the policy comparison) reads them the same way."""
 
 from __future__ import annotations
 

@@ -1,7 +1,10 @@
-"""What SNIP and the emulated formats cost on this machine; writes docs/overheads.json.
+"""What SNIP and the emulated formats cost on the machine it runs on; writes a JSON (docs/overheads.json).
 
-    python scripts/bench_overheads.py                         # ~3-5 min on an idle 2-core CPU
-    python scripts/bench_overheads.py --set training.seq_len=128 --reps 3 --skip-ilp
+    python -m experiments.bench.overheads --formats fp8,mxfp8,mxfp4,nvfp4 --reps 5       # docs/overheads.json
+    python -m experiments.bench.overheads --set training.global_batch_size=80 --skip-emulation --skip-ilp \
+        --out docs/bench/overheads_tiny_gbs80.json                                      # re-plan only
+    python -m experiments.bench.overheads --set snip.probe_batches=P --set snip.probe_micro_batch_size=S \
+        --set snip.noise_draws=1 --skip-emulation --skip-ilp --reps 5 --out docs/bench/overheads_probe_PxSx1.json
 
 (a) Re-plan cost: one ``Trainer`` (``--config``, default tiny) and its ``SnipController``; after
     a few training steps, each repetition times one training step and one
@@ -12,14 +15,14 @@
     configured ``snip.interval``, as a share of training time:
     replan / (interval x planned step + replan).
 (b) Emulation overhead: one training step with every GEMM in format f (uniform plan) against
-    one all-BF16 step on the same trainer - scripts/bench_quant.py's measurement (rotating
+    one all-BF16 step on the same trainer - ``experiments.bench.step``'s measurement (rotating
     rounds of BF16 + every format, median of the per-round ratios), ``--reps`` rounds. A
     format that cannot run (e.g. not implemented) is recorded with its error.
-(c) CP-SAT solve time vs problem size: the 70B-shaped instances of scripts/bench_ilp.py
-    (its ``make_costs`` and formats), 8 to 80 layers, both granularities.
+(c) CP-SAT solve time vs problem size: the 70B-shaped instances of ``experiments.bench.ilp``
+    (``solve_instance``), 8 to 80 layers, both granularities.
 
 Timings are wall-clock on a possibly shared machine: medians, with the min next to them. One
-torch thread by default (``--threads``): that is how scripts/compare_policies.py runs its jobs,
+torch thread by default (``--threads``): that is how experiments/compare_policies.py runs its jobs,
 and a single thread is far less disturbed by other processes than two threads on two cores.
 
 The quantizers run as ``--config`` says (``tiny.toml``: compiled); ``--compiled-quantizers`` /
@@ -32,8 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shlex
 import statistics
 import sys
@@ -42,15 +43,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))  # bench_ilp, bench_quant; scripts/ is not a package
-sys.path.insert(0, str(REPO))
-
 import torch
 
-from megatron_snip.config import Config, load_config
+from experiments.bench import ilp as bench_ilp
+from experiments.bench.common import build_trainer, machine, uniform_plan
+from experiments.bench.step import Stepper, measure_steps
+from megatron_snip.config import load_config
 from megatron_snip.precision.gemm import tune_cpu_malloc
-from megatron_snip.precision.plan import PrecisionPlan
 
 EMULATED = ("fp8", "nvfp4", "mxfp4")
 
@@ -61,24 +60,12 @@ def _timed(fn, *args) -> float:
     return time.perf_counter() - t0
 
 
-def build_trainer(cfg: Config):
-    from megatron_snip.telemetry.logger import RunLogger
-    from megatron_snip.training.trainer import Trainer
-
-    # No progress bar: the benchmark prints its own summary.
-    return Trainer(cfg, logger=RunLogger(cfg.training.run_dir, is_writer=True))
-
-
-def bf16_plan(trainer) -> PrecisionPlan:
-    return PrecisionPlan.uniform("bf16", trainer.cfg.model.num_layers, trainer.linear_numel, policy="bf16")
-
-
 def measure_replan(trainer, reps: int, warm_steps: int) -> dict[str, Any]:
     """(a): medians of one BF16 step, one re-plan and one step in the re-planned precision."""
     from megatron_snip.snip.controller import SnipController
 
     ctrl = SnipController(trainer.cfg, trainer)
-    bf16 = bf16_plan(trainer)
+    bf16 = uniform_plan(trainer, "bf16")
     step = 0
     for _ in range(warm_steps):  # optimizer state exists (the statistics precondition by AdamW's v)
         trainer.train_step(step)
@@ -124,59 +111,41 @@ def measure_replan(trainer, reps: int, warm_steps: int) -> dict[str, Any]:
 
 
 def measure_emulation(trainer, formats: tuple[str, ...], reps: int) -> dict[str, Any]:
-    """(b): per format, a step with every GEMM in it vs a BF16 step - ``bench_quant.measure_steps``
-    (rotating rounds, median of per-round ratios), so both scripts report the same measurement.
+    """(b): per format, a step with every GEMM in it vs a BF16 step - ``bench.step.measure_steps``
+    (rotating rounds, median of per-round ratios), so both benchmarks report the same measurement.
     A format the backend cannot run on this model is reported with its error and skipped."""
-    import bench_quant
-
-    stepper = bench_quant.Stepper(trainer)
+    stepper = Stepper(trainer)
     out: dict[str, Any] = {"formats": {}}
     runnable = []
     for fmt in formats:
         try:
-            bench_quant.uniform_plan(trainer, fmt).validate(trainer.all_gemm_ids)
+            uniform_plan(trainer, fmt).validate(trainer.all_gemm_ids)
             stepper(fmt)  # untimed: compilation / first use
             runnable.append(fmt)
         except (NotImplementedError, ValueError) as e:
             out["formats"][fmt] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
     stepper("bf16")  # untimed, as each format's first step
-    res = bench_quant.measure_steps(stepper, runnable, warmup=0, rounds=reps)
+    res = measure_steps(stepper, runnable, warmup=0, rounds=reps)
     for fmt in runnable:
         v = res[fmt]
         out["formats"][fmt] = {"step_s": v["wall_s"], "step_min_s": v["wall_min_s"], "bf16_step_s": res["bf16"]["wall_s"],
                                "ratio": v["ratio_wall"], "reps": reps}
     out["bf16_step_s"] = res["bf16"]["wall_s"]
-    trainer.apply_plan(bf16_plan(trainer))
+    trainer.apply_plan(uniform_plan(trainer, "bf16"))
     return out
 
 
 def measure_ilp(layers: tuple[int, ...], repeats: int, max_time: float) -> dict[str, Any]:
-    """(c): CP-SAT on bench_ilp's 70B-shaped instances (random costs, rho 0.75, 8 stages)."""
-    import bench_ilp
-    import numpy as np
-
-    from megatron_snip.model import shapes as model_shapes
-    from megatron_snip.snip import ilp
-
-    numel = model_shapes.linear_numel(model_shapes.linear_shapes(8192, 28672, 64, 8, 128))
+    """(c): CP-SAT on ``bench.ilp``'s 70B-shaped instances (random costs, rho 0.75, 8 stages)."""
     rows = []
     for granularity in ("gemm", "layer"):
         for num_layers in layers:
-            stages = min(8, num_layers)
-            stage_of_layer = {layer: layer * stages // num_layers for layer in range(num_layers)}
-            costs = bench_ilp.make_costs(num_layers, "random", 0)
-            solve, e2e = [], []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                problem = ilp.build_problem(costs, numel, bench_ilp.FORMATS, 0.75, granularity, stage_of_layer)
-                sol = ilp.solve(problem, max_deterministic_time=max_time)
-                e2e.append(time.perf_counter() - t0)
-                solve.append(sol.solve_time_s)
-            rows.append({"granularity": granularity, "layers": num_layers, "units": len(problem.units),
-                         "stages": stages, "status": sol.status, "solve_s": float(np.median(solve)),
-                         "e2e_s": float(np.median(e2e))})
-            print(f"  ilp {granularity:>5} {num_layers:>3} layers {len(problem.units):>4} units: {sol.status} "
-                  f"solve {np.median(solve):.3f}s (build+solve {np.median(e2e):.3f}s)", flush=True)
+            r = bench_ilp.solve_instance(num_layers, granularity, "random", repeats=repeats, max_time=max_time)
+            units, status = len(r["problem"].units), r["solutions"][-1].status
+            rows.append({"granularity": granularity, "layers": num_layers, "units": units, "stages": r["stages"],
+                         "status": status, "solve_s": r["solve_s"], "e2e_s": r["e2e_s"]})
+            print(f"  ilp {granularity:>5} {num_layers:>3} layers {units:>4} units: {status} "
+                  f"solve {r['solve_s']:.3f}s (build+solve {r['e2e_s']:.3f}s)", flush=True)
     return {"formats": list(bench_ilp.FORMATS), "rho": 0.75, "costs": "random", "rows": rows, "repeats": repeats}
 
 
@@ -216,9 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     t = cfg.training
     result: dict[str, Any] = {
         "compiled_quantizers": cfg.precision.compile_quantizers,
-        "command": shlex.join(["python", "scripts/bench_overheads.py", *(sys.argv[1:] if argv is None else argv)]),
-        "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
-                    "torch": torch.__version__, "load_avg_at_start": list(os.getloadavg())},
+        "command": shlex.join(["python", "-m", "experiments.bench.overheads", *(sys.argv[1:] if argv is None else argv)]),
+        "machine": machine(),
         "model": {"config": args.config, "overrides": args.overrides, "num_layers": cfg.model.num_layers,
                   "hidden_size": cfg.model.hidden_size, "micro_batch_size": t.micro_batch_size,
                   "global_batch_size": t.global_batch_size, "seq_len": t.seq_len},
@@ -239,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             except NotImplementedError as e:
                 result["replan"] = {"model": name, "error": f"NotImplementedError: {e}"}
                 print(f"  skipped: {result['replan']['error']}", flush=True)
-                trainer.apply_plan(bf16_plan(trainer))
+                trainer.apply_plan(uniform_plan(trainer, "bf16"))
         if not args.skip_emulation:
             print("(b) emulated formats vs BF16 ...", flush=True)
             result["emulation"] = {"model": name, **measure_emulation(trainer, formats, args.reps)}

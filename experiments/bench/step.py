@@ -1,8 +1,8 @@
-"""Issue #3 benchmark: an emulated low-precision training step vs a BF16 step on this CPU.
+"""Issue #3 benchmark: an emulated low-precision training step vs a BF16 step.
 
-    python scripts/bench_quant.py          # compiled, 1 thread: ~75 s (~2.5 min with a cold inductor cache)
-    python scripts/bench_quant.py --eager --formats nvfp4 --steps 3
-    python scripts/bench_quant.py --formats nvfp4 --profile   # + where an nvfp4 step's time goes
+    python -m experiments.bench.step > docs/bench/bench_quant.txt            # compiled, 1 thread
+    python -m experiments.bench.step --eager --formats nvfp4,mxfp4,fp8 --steps 3 > docs/bench/bench_quant_eager.txt
+    python -m experiments.bench.step --formats nvfp4 --profile > docs/bench/bench_quant_profile.txt
 
 (1) Step ratios. One ``Trainer`` on ``--config`` (default ``tiny``: 4 layers, d=256, micro-batch
     8 x 256 tokens, fp32, SNIP off). Every GEMM of every linear runs in one format (a uniform
@@ -17,14 +17,14 @@
     quantizer kernels, Python/autograd, ...) next to a BF16 step, and the top ops.
 (3) Quantizer throughput per format and operand kind on the six operands of one linear
     (``--linear T,K,N``, default tiny's fc1: 2048 tokens, 256 -> 1536), laid out as in training,
-    in the same mode (compiled or eager); reuses ``timeit`` of ``scripts/bench_quantizers.py``
-    (``--shape`` there times arbitrary shapes).
+    in the same mode (compiled or eager): ``experiments.bench.quantizers.print_throughput``
+    (``python -m experiments.bench.quantizers`` compares eager with compiled on any linear).
 
 By default the process first calls ``gemm.tune_cpu_malloc()`` (fixed glibc mmap/trim
-thresholds: without them the quantized GEMMs' temporaries page-fault in anew every few GEMMs,
-~5% of a compiled nvfp4 step); ``--no-malloc-tuning`` measures an untuned process.
+thresholds, which the training entry point sets too; see its docstring); ``--no-malloc-tuning``
+measures an untuned process. ``python -m experiments.bench.overheads`` records part (1) in JSON.
 
-Timings are on a possibly shared machine. One torch thread by default: on 2 cores shared with
+Timings are on a possibly shared machine. One torch thread by default: on few cores shared with
 other processes, two OpenMP threads stall at every barrier whenever a core is taken (a step
 then varies 2-10x), which swamps what is being measured. CPU time of a one-thread process is
 the least disturbed measure; wall time is printed next to it.
@@ -39,35 +39,16 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))  # bench_quantizers; scripts/ is not a package
-sys.path.insert(0, str(REPO))
 
 import torch
 
+from experiments.bench.common import build_trainer, uniform_plan
+from experiments.bench.quantizers import parse_linear, print_throughput
 from megatron_snip.config import load_config
 from megatron_snip.precision import gemm as gemm_module
-from megatron_snip.precision.formats import Operand, get_format
-from megatron_snip.precision.plan import PrecisionPlan
-from megatron_snip.precision.quantize import quantize
+from megatron_snip.precision.formats import get_format
 
 FORMATS = ("fp8", "mxfp8", "mxfp4", "nvfp4")
-
-
-def build_trainer(config: str, overrides: list[str], compiled: bool, run_dir: str):
-    from megatron_snip.telemetry.logger import RunLogger
-    from megatron_snip.training.trainer import Trainer
-
-    cfg = load_config(config, [*overrides, "snip.enabled=false", "precision.initial_plan=bf16",
-                               f"precision.compile_quantizers={str(compiled).lower()}", "training.progress=false",
-                               f"training.run_dir={json.dumps(run_dir)}", "training.eval_interval=1000000"])
-    return Trainer(cfg, logger=RunLogger(cfg.training.run_dir, is_writer=True))
-
-
-def uniform_plan(trainer, fmt: str) -> PrecisionPlan:
-    return PrecisionPlan.uniform(fmt, trainer.cfg.model.num_layers, trainer.linear_numel)
 
 
 class Stepper:
@@ -193,7 +174,7 @@ def _profile_groups(stepper: Stepper, fmt: str, steps: int):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default=str(REPO / "launch/configs/tiny.toml"))
+    ap.add_argument("--config", default="launch/configs/tiny.toml")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     ap.add_argument("--formats", default=",".join(FORMATS), help="comma-separated formats to compare with bf16")
     ap.add_argument("--steps", type=int, default=5, help="timed rounds (one step per format each)")
@@ -218,9 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for f in formats:
             get_format(f)
-        linear = None if args.linear == "none" else tuple(int(v) for v in args.linear.split(","))
-        if linear is not None and len(linear) != 3:
-            raise ValueError(f"--linear={args.linear!r} must be T,K,N (three integers) or 'none'")
+        linear = None if args.linear == "none" else parse_linear(args.linear)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -233,7 +212,11 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench_quant_") as run_dir:
         try:
-            trainer = build_trainer(args.config, args.overrides, args.compiled, run_dir)
+            cfg = load_config(args.config, [
+                *args.overrides, "snip.enabled=false", "precision.initial_plan=bf16",
+                f"precision.compile_quantizers={str(args.compiled).lower()}", "training.progress=false",
+                f"training.run_dir={json.dumps(run_dir)}", "training.eval_interval=1000000"])
+            trainer = build_trainer(cfg)
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -246,41 +229,9 @@ def main(argv: list[str] | None = None) -> int:
             profile_step(stepper, formats[-1], 2, 15)
         trainer.logger.close()
     if linear is not None and formats:
-        bench_quantizer_throughput(formats, *linear, args.quant_reps, args.compiled)
+        print_throughput(formats, *linear, args.quant_reps, args.compiled)
     print(f"\nbench wall time {time.perf_counter() - t0:.0f}s")
     return 0
-
-
-def linear_operands(fmt: str, t: int, k: int, n: int) -> list[tuple[str, Operand, bool, torch.Tensor]]:
-    """The six operands one quant_linear quantizes for Y = X·Wᵀ (X (T, K), W (N, K)), laid out as
-    in training - the same compiled kernels the step just used, so (3) compiles nothing new."""
-    g = torch.Generator().manual_seed(0)
-    x, w, dy = torch.randn(t, k, generator=g), torch.randn(n, k, generator=g), torch.randn(t, n, generator=g)
-    rht = get_format(fmt).wgrad_hadamard
-    h = " +RHT" if rht else ""
-    return [(f"X {t}x{k}", Operand.ACTIVATION, False, x), (f"W {n}x{k}", Operand.WEIGHT, False, w),
-            (f"dY {t}x{n}", Operand.GRADIENT, False, dy), (f"W^T {k}x{n}", Operand.WEIGHT, False, w.t()),
-            (f"dY^T {n}x{t}{h}", Operand.GRADIENT, rht, dy.t()), (f"X^T {k}x{t}{h}", Operand.ACTIVATION, rht, x.t())]
-
-
-def bench_quantizer_throughput(formats: list[str], t: int, k: int, n: int, reps: int, compiled: bool) -> None:
-    """(3): elements/s of ``quantize`` per format and operand kind (best of ``reps``; median)."""
-    from bench_quantizers import timeit
-
-    gen = torch.Generator().manual_seed(1)
-    print(f"\n(3) quantize() throughput ({'compiled' if compiled else 'eager'}) on the operands of a {k}->{n} "
-          f"linear with {t} tokens, Gelem/s = 1e9 elements/s, best of {reps} (median)")
-    names = [name for name, *_ in linear_operands(formats[0], t, k, n)]
-    print(f"  {'format':8s}" + "".join(f"{name.split()[0]:>16s}" for name in names))
-    for fmt in formats:
-        cells = []
-        for _, operand, rht, x in linear_operands(fmt, t, k, n):
-            def run(x=x, fmt=fmt, operand=operand, rht=rht) -> None:  # bind this iteration's values
-                quantize(x, fmt, operand, generator=gen, hadamard=rht, compiled=compiled)
-
-            best, med = timeit(run, reps)
-            cells.append(f"{x.numel() / best / 1e9:7.3f} ({x.numel() / med / 1e9:5.3f})")
-        print(f"  {fmt:8s}" + "".join(f"{c:>16s}" for c in cells), flush=True)
 
 
 if __name__ == "__main__":
