@@ -101,8 +101,12 @@ def format_support(backend: str, fmt: str, gpu: GpuSpec) -> tuple[bool, str]:
     """Can ``backend`` run ``fmt`` on ``gpu``? Returns (ok, reason)."""
     if backend == "emulated":
         return True, "emulated (reference quantize-dequantize, BF16/FP32 GEMMs: runs anywhere, no speed-up)"
+    if backend == "torch":  # every format runs; FP8 ones as real scaled-mm GEMMs (probed at run time)
+        real = {"fp8": (8, 9), "fp8_block": (9, 0)}.get(fmt)
+        return True, (f"torch scaled-mm on {gpu.name}" if real and gpu.sm >= real
+                      else "torch backend, emulated GEMM for this format (no scaled-mm path here)")
     if backend != "te":
-        raise ValueError(f"precision.backend={backend!r} is unknown; choose 'emulated' or 'te'")
+        raise ValueError(f"precision.backend={backend!r} is unknown; choose 'emulated', 'torch' or 'te'")
     min_sm = TE_MIN_COMPUTE_CAPABILITY[fmt]  # the same table the run-time capability check uses
     if min_sm is None:
         return False, f"{fmt} has no Transformer Engine recipe; use precision.backend='emulated'"

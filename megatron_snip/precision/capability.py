@@ -5,6 +5,10 @@ says why and how to get it, never a silent fallback (ARCHITECTURE.md).
 
 Rules:
   * ``emulated`` runs every format on every device (the PyTorch quantizers).
+  * ``torch`` runs every format on every device: FP8 formats as real scaled-mm GEMMs
+    where this torch build and device run them (probed once per format, operand pair
+    and device by ``backends/scaled_mm.py``), everything else emulated; the reason
+    says which.
   * ``te`` (Transformer Engine) needs ``transformer_engine`` importable, CUDA,
     a CUDA device, and per format the compute capability of TE's recipe:
 
@@ -30,7 +34,7 @@ from megatron_snip.precision.formats import FORMATS, get_format
 
 __all__ = ["ARCH_NAMES", "BACKENDS", "TE_MIN_COMPUTE_CAPABILITY", "Capability", "check", "require"]
 
-BACKENDS: tuple[str, ...] = ("emulated", "te")
+BACKENDS: tuple[str, ...] = ("emulated", "torch", "te")
 
 # Minimum CUDA compute capability of TE's recipe for each format; None: no TE recipe.
 TE_MIN_COMPUTE_CAPABILITY: dict[str, tuple[int, int] | None] = {
@@ -109,6 +113,25 @@ def _check_names(backend: str, fmt: str) -> None:
     get_format(fmt)  # ValueError naming the formats
 
 
+def _torch_backend_capability(fmt: str, device: torch.device | str | None) -> Capability:
+    """The torch backend runs every format; the reason says which GEMMs are real scaled-mm ones."""
+    if fmt == "bf16":
+        return Capability(True, "bf16 GEMMs run unquantized")
+    from megatron_snip.precision.backends.scaled_mm import OPERAND_PAIRS, scaled_mm_support
+
+    dev = torch.device(device) if device is not None else (
+        torch.device("cuda", torch.cuda.current_device()) if _cuda_available() else torch.device("cpu"))
+    verdicts = [scaled_mm_support(fmt, dev, a, b) for a, b in OPERAND_PAIRS]
+    if all(ok for ok, _ in verdicts):
+        return Capability(True, f"{fmt}: real scaled-mm GEMMs on {dev} ({verdicts[0][1]})")
+    by_reason: dict[str, list[str]] = {}
+    for (a, b), (ok, reason) in zip(OPERAND_PAIRS, verdicts):
+        if not ok:
+            by_reason.setdefault(reason, []).append(f"{a.value} x {b.value}")
+    failed = "; ".join(f"{', '.join(pairs)}: {reason}" for reason, pairs in by_reason.items())
+    return Capability(True, f"{fmt} on {dev}: emulated GEMM fallback for {failed}")
+
+
 def check(backend: str, fmt: str, device: torch.device | str | None = None) -> Capability:
     """Can ``backend`` run GEMMs in ``fmt`` on ``device`` (default: the current CUDA device, or CPU)?
 
@@ -117,6 +140,8 @@ def check(backend: str, fmt: str, device: torch.device | str | None = None) -> C
     _check_names(backend, fmt)
     if backend == "emulated":
         return Capability(True, "emulated quantizers run every format on every device")
+    if backend == "torch":
+        return _torch_backend_capability(fmt, device)
 
     need = TE_MIN_COMPUTE_CAPABILITY[fmt]
     if need is None:
