@@ -99,12 +99,14 @@ class PrecisionConfig:
     """Which formats the linear-layer GEMMs start in and which backend runs them."""
 
     initial_plan: str = "bf16"  # "bf16", "uniform:<format>", a policy spec, or a path to a plan JSON
-    backend: str = "emulated"  # "emulated" (reference quantizers, runs everywhere) or "te" (Transformer Engine)
+    # "emulated" (reference quantizers, runs everywhere), "torch" (real FP8 GEMMs via PyTorch's
+    # scaled-mm per GEMM, other formats emulated) or "te" (Transformer Engine)
+    backend: str = "emulated"
     compile_quantizers: bool = False  # torch.compile the emulated quantizers (faster, bit-identical)
 
     def __post_init__(self) -> None:
-        if self.backend not in ("emulated", "te"):
-            raise _err("precision.backend", self.backend, "choose 'emulated' or 'te'")
+        if self.backend not in ("emulated", "torch", "te"):
+            raise _err("precision.backend", self.backend, "choose 'emulated', 'torch' or 'te'")
         if not self.initial_plan:
             raise _err("precision.initial_plan", self.initial_plan, "use 'bf16', 'uniform:<format>' or a plan JSON path")
 

@@ -5,6 +5,10 @@ says why and how to get it, never a silent fallback (ARCHITECTURE.md).
 
 Rules:
   * ``emulated`` runs every format on every device (the PyTorch quantizers).
+  * ``torch`` runs every format on every device: FP8 formats as real scaled-mm GEMMs
+    where this torch build and device run them (probed once per format, operand pair
+    and device by ``backends/scaled_mm.py``), everything else emulated; the reason
+    says which.
   * ``te`` (Transformer Engine) needs ``transformer_engine`` importable, CUDA,
     a CUDA device, and per format the compute capability of TE's recipe:
 
@@ -40,7 +44,7 @@ __all__ = [
     "require",
 ]
 
-BACKENDS: tuple[str, ...] = ("emulated", "te")
+BACKENDS: tuple[str, ...] = ("emulated", "torch", "te")
 
 # Minimum CUDA compute capability of TE's recipe for each format; None: no TE recipe.
 TE_MIN_COMPUTE_CAPABILITY: dict[str, tuple[int, int] | None] = {
@@ -61,6 +65,10 @@ _TE_AVAILABILITY_FN: dict[str, str] = {
     "mxfp8": "is_mxfp8_available",
     "nvfp4": "is_nvfp4_available",
 }
+
+# Minimum compute capability of the torch backend's real scaled-mm GEMMs per format (other formats,
+# and GEMMs this torch build refuses, run emulated; probed at start-up by ``check``).
+SCALED_MM_MIN_COMPUTE_CAPABILITY: dict[str, tuple[int, int]] = {"fp8": (8, 9), "fp8_block": (9, 0)}
 
 ARCH_NAMES = {(8, 0): "Ampere", (8, 9): "Ada", (9, 0): "Hopper", (10, 0): "Blackwell"}
 
@@ -142,6 +150,25 @@ def _check_names(backend: str, fmt: str) -> None:
     get_format(fmt)  # ValueError naming the formats
 
 
+def _torch_backend_capability(fmt: str, device: torch.device | str | None) -> Capability:
+    """The torch backend runs every format; the reason says which GEMMs are real scaled-mm ones."""
+    if fmt == "bf16":
+        return Capability(True, "bf16 GEMMs run unquantized")
+    from megatron_snip.precision.backends.scaled_mm import OPERAND_PAIRS, scaled_mm_support
+
+    dev = torch.device(device) if device is not None else (
+        torch.device("cuda", torch.cuda.current_device()) if _cuda_available() else torch.device("cpu"))
+    verdicts = [scaled_mm_support(fmt, dev, a, b) for a, b in OPERAND_PAIRS]
+    if all(ok for ok, _ in verdicts):
+        return Capability(True, f"{fmt}: real scaled-mm GEMMs on {dev} ({verdicts[0][1]})")
+    by_reason: dict[str, list[str]] = {}
+    for (a, b), (ok, reason) in zip(OPERAND_PAIRS, verdicts):
+        if not ok:
+            by_reason.setdefault(reason, []).append(f"{a.value} x {b.value}")
+    failed = "; ".join(f"{', '.join(pairs)}: {reason}" for reason, pairs in by_reason.items())
+    return Capability(True, f"{fmt} on {dev}: emulated GEMM fallback for {failed}")
+
+
 def check(backend: str, fmt: str, device: torch.device | str | None = None) -> Capability:
     """Can ``backend`` run GEMMs in ``fmt`` on ``device`` (default: the current CUDA device, or CPU)?
 
@@ -150,6 +177,8 @@ def check(backend: str, fmt: str, device: torch.device | str | None = None) -> C
     _check_names(backend, fmt)
     if backend == "emulated":
         return Capability(True, "emulated quantizers run every format on every device")
+    if backend == "torch":
+        return _torch_backend_capability(fmt, device)
 
     if fmt not in TE_MIN_COMPUTE_CAPABILITY:  # a recipe variant (get_format accepted the name)
         return Capability(False, f"{fmt} is a recipe variant; Transformer Engine runs its FP4 recipes only as "
@@ -188,6 +217,10 @@ def check_gpu_type(backend: str, fmt: str, gpu: GpuSpec) -> Capability:
     _check_names(backend, fmt)
     if backend == "emulated":
         return Capability(True, "emulated (reference quantize-dequantize, BF16/FP32 GEMMs: runs anywhere, no speed-up)")
+    if backend == "torch":  # every format runs; the FP8 ones as real scaled-mm GEMMs where the GPU has them
+        real = SCALED_MM_MIN_COMPUTE_CAPABILITY.get(fmt)
+        return Capability(True, f"torch scaled-mm on {gpu.name}" if real and gpu.sm >= real
+                          else "torch backend, emulated GEMM for this format (no scaled-mm path on this GPU)")
     need = TE_MIN_COMPUTE_CAPABILITY.get(fmt)  # recipe variants are absent: no TE recipe either
     if need is None:
         return Capability(False, f"{fmt} has no Transformer Engine recipe; use precision.backend='emulated'")

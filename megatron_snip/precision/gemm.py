@@ -11,11 +11,15 @@ Each GEMM uses its own format (``GemmPrecision.fprop/.dgrad/.wgrad``); Q is
 ``quantize.quantize`` with the operand kind that picks element type, blocking
 and stochastic rounding (ACTIVATION X, WEIGHT W, GRADIENT dY).
 
-Arithmetic: a quantized GEMM multiplies the dequantized operands as fp32 and
-accumulates in fp32, then casts to the output dtype (x's dtype for Y and dX,
-the weight's dtype for dW). A ``"bf16"`` GEMM is the unquantized reference: it
-multiplies the raw operands in x's dtype (fp32 x: fp32, exact F.linear; bf16 x:
-a bf16 matmul, as F.linear would - the one place bf16 arithmetic is used).
+Arithmetic (decided in the autograd function, whatever the caller's autocast
+state): a quantized GEMM multiplies the dequantized operands as fp32 and
+accumulates in fp32 (or, in the torch backend, a scaled-mm of the quantized
+elements with fp32 accumulation), then casts to the output dtype. A ``"bf16"``
+GEMM is the unquantized reference: it multiplies the raw operands in the
+activation dtype - autocast's when autocast is on for x's device, else x's
+(fp32 x: fp32, exact F.linear; bf16 x or bf16 autocast: a bf16 matmul, as
+F.linear would - the one place bf16 arithmetic is used). Y is returned in the
+activation dtype, dX in x's dtype, dW in the weight's.
 
 Memory: backward saves only x and the weight (the same tensors F.linear saves)
 and re-quantizes them; quantized copies are never kept across calls. Re-quantizing
@@ -36,6 +40,7 @@ local amax of every operand whose format has a tensor scale (fp8, nvfp4).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +49,7 @@ from megatron_snip.precision.formats import Operand, get_format
 from megatron_snip.precision.plan import GEMMS, GemmPrecision
 from megatron_snip.precision.quantize import quantize
 
-__all__ = ["quant_linear", "tune_cpu_malloc"]
+__all__ = ["GemmRunner", "activation_dtype", "emulated_gemm", "quant_linear", "tune_cpu_malloc"]
 
 AmaxReduce = Callable[[torch.Tensor], torch.Tensor]
 
@@ -77,29 +82,61 @@ def tune_cpu_malloc(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 << 3
     return bool(mallopt(m_mmap_threshold, mmap_threshold)) and bool(mallopt(m_trim_threshold, trim_threshold))
 
 
-def _gemm_operands(fmt: str, a: torch.Tensor, a_kind: Operand, b: torch.Tensor, b_kind: Operand,
-                   *, hadamard: bool, amax_reduce: AmaxReduce | None, generator: torch.Generator | None,
-                   compiled: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q(a), Q(b) for a GEMM a·bᵀ with both operands' reduction dim last (fp32 results)."""
+class GemmRunner(Protocol):
+    """Computes one quantized GEMM a·bᵀ of a linear, both operands with their reduction dim last.
+
+    a (M, R) and b (P, R), either possibly a transposed view; returns fp32 (M, P). The autograd
+    function calls it with autocast disabled, so what it returns is what it computed.
+    """
+
+    def __call__(self, fmt: str, a: torch.Tensor, a_kind: Operand, b: torch.Tensor, b_kind: Operand, *,
+                 hadamard: bool, amax_reduce: AmaxReduce | None, generator: torch.Generator | None,
+                 compiled: bool) -> torch.Tensor: ...
+
+
+def emulated_gemm(fmt: str, a: torch.Tensor, a_kind: Operand, b: torch.Tensor, b_kind: Operand, *,
+                  hadamard: bool, amax_reduce: AmaxReduce | None, generator: torch.Generator | None,
+                  compiled: bool) -> torch.Tensor:
+    """The reference ``GemmRunner``: Q(a)·Q(b)ᵀ on the dequantized operands, fp32 multiply and accumulate.
+
+    Q(a) is quantized before Q(b), so stochastic rounding draws from ``generator`` in that order.
+    """
     qa = quantize(a, fmt, a_kind, generator=generator, hadamard=hadamard, amax_reduce=amax_reduce, compiled=compiled)
     qb = quantize(b, fmt, b_kind, generator=generator, hadamard=hadamard, amax_reduce=amax_reduce, compiled=compiled)
-    return qa, qb
+    return qa @ qb.t()
+
+
+def activation_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a linear computes its activations in: autocast's for x's device when enabled, else x's."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
 
 
 class _QuantLinearFn(torch.autograd.Function):
-    """Autograd function behind ``quant_linear``; see the module docstring for the math."""
+    """Autograd function behind ``quant_linear``; see the module docstring for the math.
+
+    Accumulation precision is decided here, not by the caller's autocast state: the forward
+    records the activation dtype (``activation_dtype``: autocast's if on, else x's) and every
+    GEMM then runs with autocast disabled - quantized GEMMs in fp32 (as SNIP's error
+    measurements assume), "bf16" GEMMs on operands cast to the activation dtype, in forward and
+    backward alike (the same GEMMs F.linear would run under that autocast). Y comes back in the
+    activation dtype, dX in x's dtype, dW in the weight's.
+    """
 
     @staticmethod
-    def forward(ctx, x, weight, precision, amax_reduce, generator, compiled):  # type: ignore[override]
+    def forward(ctx, x, weight, precision, amax_reduce, generator, compiled, gemm):  # type: ignore[override]
+        act = activation_dtype(x)
         x_tk = x.reshape(-1, x.shape[-1])
-        if precision.fprop == "bf16":
-            y_tn = F.linear(x_tk, weight.to(x.dtype))
-        else:
-            qx, qw = _gemm_operands(precision.fprop, x_tk, Operand.ACTIVATION, weight, Operand.WEIGHT,
-                                    hadamard=False, amax_reduce=amax_reduce, generator=None, compiled=compiled)
-            y_tn = (qx @ qw.t()).to(x.dtype)
+        with torch.autocast(x.device.type, enabled=False):
+            if precision.fprop == "bf16":
+                y_tn = F.linear(x_tk.to(act), weight.to(act))
+            else:
+                y_tn = gemm(precision.fprop, x_tk, Operand.ACTIVATION, weight, Operand.WEIGHT, hadamard=False,
+                            amax_reduce=amax_reduce, generator=None, compiled=compiled).to(act)
         ctx.save_for_backward(x, weight)
         ctx.precision, ctx.amax_reduce, ctx.generator, ctx.compiled = precision, amax_reduce, generator, compiled
+        ctx.gemm, ctx.act = gemm, act
         return y_tn.reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
@@ -107,28 +144,29 @@ class _QuantLinearFn(torch.autograd.Function):
     def backward(ctx, dy):  # type: ignore[override]
         x, weight = ctx.saved_tensors
         precision: GemmPrecision = ctx.precision
+        act: torch.dtype = ctx.act
         x_tk = x.reshape(-1, x.shape[-1])
         dy_tn = dy.reshape(-1, dy.shape[-1])
         common = {"amax_reduce": ctx.amax_reduce, "generator": ctx.generator, "compiled": ctx.compiled}
         dx = dw = None
-        if ctx.needs_input_grad[0]:
-            if precision.dgrad == "bf16":
-                dx_tk = dy_tn.to(x.dtype) @ weight.to(x.dtype)
-            else:
-                # Wᵀ is a transposed view: quantize reads W contiguously, blocks along N.
-                qdy, qwt = _gemm_operands(precision.dgrad, dy_tn, Operand.GRADIENT, weight.t(), Operand.WEIGHT,
-                                          hadamard=False, **common)
-                dx_tk = (qdy @ qwt.t()).to(x.dtype)
-            dx = dx_tk.reshape(x.shape)
-        if ctx.needs_input_grad[1]:
-            if precision.wgrad == "bf16":
-                dw = (dy_tn.to(x.dtype).t() @ x_tk).to(weight.dtype)
-            else:
-                rht = get_format(precision.wgrad).wgrad_hadamard
-                qdyt, qxt = _gemm_operands(precision.wgrad, dy_tn.t(), Operand.GRADIENT, x_tk.t(), Operand.ACTIVATION,
-                                           hadamard=rht, **common)
-                dw = (qdyt @ qxt.t()).to(weight.dtype)
-        return dx, dw, None, None, None, None
+        with torch.autocast(x.device.type, enabled=False):
+            if ctx.needs_input_grad[0]:
+                if precision.dgrad == "bf16":
+                    dx_tk = dy_tn.to(act) @ weight.to(act)
+                else:
+                    # Wᵀ is a transposed view: quantize reads W contiguously, blocks along N.
+                    dx_tk = ctx.gemm(precision.dgrad, dy_tn, Operand.GRADIENT, weight.t(), Operand.WEIGHT,
+                                     hadamard=False, **common)
+                dx = dx_tk.to(x.dtype).reshape(x.shape)
+            if ctx.needs_input_grad[1]:
+                if precision.wgrad == "bf16":
+                    dw = dy_tn.to(act).t() @ x_tk.to(act)
+                else:
+                    rht = get_format(precision.wgrad).wgrad_hadamard
+                    dw = ctx.gemm(precision.wgrad, dy_tn.t(), Operand.GRADIENT, x_tk.t(), Operand.ACTIVATION,
+                                  hadamard=rht, **common)
+                dw = dw.to(weight.dtype)
+        return dx, dw, None, None, None, None, None
 
 
 def quant_linear(
@@ -139,6 +177,7 @@ def quant_linear(
     amax_reduce: AmaxReduce | None = None,
     generator: torch.Generator | None = None,
     compiled: bool = False,
+    gemm: GemmRunner = emulated_gemm,
 ) -> torch.Tensor:
     """Y = X·Wᵀ whose fprop, dgrad and wgrad GEMMs run in ``precision``'s formats.
 
@@ -151,8 +190,10 @@ def quant_linear(
         generator: stochastic-rounding randomness for the backward pass.
         compiled: run the quantizers through torch.compile (same numerics,
             much faster on CPU after the first call per shape).
+        gemm: runs each quantized GEMM (default: the emulated reference; the
+            torch backend passes its scaled-mm runner).
     Returns:
-        (..., N) in x's dtype.
+        (..., N) in the activation dtype (autocast's when enabled, else x's).
     Raises:
         ValueError: mismatched shapes. Block divisibility is not checked here:
             a plan's formats are checked against every linear's shapes once, when
@@ -168,4 +209,4 @@ def quant_linear(
         )
     if all(precision[g] == "bf16" for g in GEMMS):
         return F.linear(x, weight.to(x.dtype))  # the reference path, autograd as usual
-    return _QuantLinearFn.apply(x, weight, precision, amax_reduce, generator, compiled)
+    return _QuantLinearFn.apply(x, weight, precision, amax_reduce, generator, compiled, gemm)

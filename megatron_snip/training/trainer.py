@@ -183,7 +183,7 @@ class Trainer:
             backend.check_run(initial_plan, formats, activation_dtype=self.autocast_dtype or torch.float32,
                               per_gemm_replans=self.cfg.snip.enabled and self.cfg.snip.granularity == "gemm")
             return backend
-        return get_backend("emulated", compiled=p.compile_quantizers)
+        return get_backend(p.backend, compiled=p.compile_quantizers)  # emulated or torch
 
     def _build_data(self) -> DataBundle:
         # Rank 0 tokenizes into the cache first; the others then only read it.

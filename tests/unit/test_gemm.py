@@ -233,3 +233,31 @@ def test_frozen_weight_and_no_input_grad():
     wg = w.clone().requires_grad_(True)
     quant_linear(x, wg, p).backward(dy)
     assert wg.grad is not None
+
+
+@pytest.mark.parametrize("precision", [GemmPrecision.uniform("fp8"), GemmPrecision.uniform("nvfp4"),
+                                       GemmPrecision("bf16", "mxfp8", "nvfp4"), GemmPrecision("fp8", "bf16", "bf16")])
+def test_autocast_leaves_quantized_gemms_in_fp32(precision):
+    # The autograd function decides the accumulation precision: under bf16 autocast a quantized
+    # GEMM still multiplies and accumulates in fp32 (only Y is cast to bf16), in forward and in
+    # backward, while a "bf16" GEMM runs in bf16 exactly as F.linear does under that autocast.
+    x, w, dy = make_inputs(3)
+    plain = run(x, w, dy, precision)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cast = run(x, w, dy.bfloat16(), precision)
+    assert cast[0].dtype == torch.bfloat16
+    if precision.fprop == "bf16":
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert torch.equal(cast[0], F.linear(x, w))
+    else:
+        assert torch.equal(cast[0], plain[0].bfloat16())
+    assert cast[1].dtype == x.dtype and cast[2].dtype == w.dtype
+    # backward under no autocast with the same (bf16-valued) incoming gradient
+    same_dy = run(x, w, dy.bfloat16().float(), precision)
+    for i, gemm in ((1, "dgrad"), (2, "wgrad")):
+        if precision[gemm] == "bf16":
+            bf = {"dgrad": dy.bfloat16() @ w.bfloat16(),
+                  "wgrad": dy.bfloat16().reshape(-1, N).t() @ x.bfloat16().reshape(-1, K)}[gemm]
+            assert torch.equal(cast[i], bf.to(torch.float32).reshape(cast[i].shape)), gemm
+        else:
+            assert bits_equal(cast[i], same_dy[i]), gemm

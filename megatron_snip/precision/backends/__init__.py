@@ -2,6 +2,8 @@
 
 * ``emulated`` - ``gemm.quant_linear``: quantize-dequantize in PyTorch, fp32
   GEMMs; runs every format everywhere (the reference).
+* ``torch`` - the same autograd function with real FP8 GEMMs through PyTorch's
+  scaled-mm per GEMM (``scaled_mm.py``), other formats emulated (recorded);
 * ``te`` - Transformer Engine modules with a per-format recipe; needs CUDA and
   the GPU generation each recipe targets (see ``capability.py``).
 
@@ -49,11 +51,15 @@ class Backend(abc.ABC):
 
 
 def get_backend(name: str, **options: object) -> Backend:
-    """The backend called ``name`` (``"emulated"`` or ``"te"``), built with ``options``."""
+    """The backend called ``name`` (``"emulated"``, ``"torch"`` or ``"te"``), built with ``options``."""
     if name == "emulated":
         from megatron_snip.precision.backends.emulated import EmulatedBackend
 
         return EmulatedBackend(**options)  # type: ignore[arg-type]
+    if name == "torch":
+        from megatron_snip.precision.backends.scaled_mm import TorchBackend
+
+        return TorchBackend(**options)  # type: ignore[arg-type]
     if name == "te":
         from megatron_snip.precision.backends.te import TEBackend
 

@@ -13,7 +13,7 @@ import struct
 
 import torch
 
-from megatron_snip.precision.formats import E2M1, E4M3, E5M2, Format, Operand, Scaling, get_format
+from megatron_snip.precision.formats import E2M1, E4M3, E5M2, Element, Format, Operand, Scaling, get_format
 from megatron_snip.precision.quantize.bits import _F32_MAX, _exp2i, _f32_bits, _floor_log2, _mantissa_bits, _rdiv
 from megatron_snip.precision.quantize.hadamard import _rht_physical
 from megatron_snip.precision.quantize.noise import _noise_physical
@@ -30,6 +30,59 @@ _MAX_MANTISSA_BITS = {e.name: _f32_bits(e.max) & 0x7FFFFF for e in (E4M3, E5M2, 
 def tensor_amax(x: torch.Tensor) -> torch.Tensor:
     """max |x| as a 0-d fp32 tensor (NaN if x has a NaN) - the local amax to reduce over TP."""
     return x.detach().abs().amax().to(torch.float32)
+
+
+def _tensor_scales(a: torch.Tensor, elem: Element) -> tuple[torch.Tensor, torch.Tensor]:
+    """(encode, decode) scales of per-tensor scaling for the 0-d tensor amax ``a``.
+
+    encode = fl(max / amax) (one correctly rounded division, as TE), 1 for an all-zero
+    tensor; decode = fl(1 / encode), NaN when the amax is not finite.
+    """
+    scale = _rdiv(elem.max, a).clamp(max=_F32_MAX)  # a tiny -> Inf -> the largest float
+    scale = torch.where(a == 0, torch.ones_like(scale), scale)
+    scale_inv = torch.where(torch.isfinite(a), 1.0 / scale, torch.full_like(scale, float("nan")))
+    return scale, scale_inv
+
+
+def _pow2_block_scales(block_amax: torch.Tensor, elem: Element) -> tuple[torch.Tensor, torch.Tensor]:
+    """(encode, decode) power-of-two scales per block (TE Float8BlockScaling with pow2 scales).
+
+    encode = 2**floor(log2(max / amax)), so the block max never saturates; 1 for an all-zero
+    block; decode = its exact inverse, NaN for a block whose amax is not finite.
+    """
+    k = _floor_log2(_rdiv(elem.max, block_amax)).clamp(-127, 127)
+    k = torch.where(block_amax == 0, torch.zeros_like(k), k)
+    scale_inv = torch.where(torch.isfinite(block_amax), _exp2i(-k), torch.full_like(block_amax, float("nan")))
+    return _exp2i(k), scale_inv
+
+
+def scaled_elements(
+    p: torch.Tensor, spec: Format, operand: Operand, amax: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The on-grid elements and decode scales ``_qdq`` multiplies (formats whose elements need no noise).
+
+    For the scaled-mm GEMMs (``backends/scaled_mm.py``): ``elements * scale`` (broadcast over
+    blocks) is ``_qdq``'s result bit for bit, because it is the same computation stopped before
+    its last multiplication.
+
+    Args:
+        p: contiguous fp32 (R, C) logical operand, reduction dim last.
+        spec: a format with per-tensor (``fp8``) or power-of-two block (``fp8_block``) scaling.
+        amax: tensor amax already reduced over TP, or None for the local one (per-tensor only).
+    Returns:
+        (elements fp32 (R, C) on the element grid, saturated, NaN kept;
+         decode scales fp32: 0-d for per-tensor scaling, (R / br, C / bc) for blocks).
+    """
+    elem = spec.element_for(operand)
+    assert elem is not None and not spec.stochastic_for(operand) and p.is_contiguous()
+    if spec.scaling is Scaling.TENSOR:
+        scale, scale_inv = _tensor_scales(p.abs().amax() if amax is None else amax, elem)
+        return round_to_element(p * scale, elem), scale_inv
+    assert spec.scaling is Scaling.BLOCK_POW2, spec.scaling
+    br, bc = spec.block_for(operand)
+    pb = p.reshape(p.shape[0] // br, br, p.shape[1] // bc, bc)
+    scale, scale_inv = _pow2_block_scales(pb.abs().amax(dim=(1, 3), keepdim=True), elem)
+    return round_to_element(pb * scale, elem).reshape(p.shape), scale_inv.reshape(p.shape[0] // br, p.shape[1] // bc)
 
 
 def _qdq(
@@ -61,10 +114,7 @@ def _qdq(
     noise = None if seeds is None else _noise_physical(rows, cols, colwise, seeds)
 
     if spec.scaling is Scaling.TENSOR:
-        a = p.abs().amax() if amax is None else amax
-        scale = _rdiv(elem.max, a).clamp(max=_F32_MAX)  # a tiny -> Inf -> the largest float
-        scale = torch.where(a == 0, torch.ones_like(scale), scale)
-        scale_inv = torch.where(torch.isfinite(a), 1.0 / scale, torch.full_like(scale, float("nan")))
+        scale, scale_inv = _tensor_scales(p.abs().amax() if amax is None else amax, elem)
         return round_to_element(p * scale, elem, noise).mul_(scale_inv)
 
     # Blocked formats: view p as (P0/b0, b0, P1/b1, b1) so that 1-D (one block dim
@@ -79,12 +129,8 @@ def _qdq(
     nan = float("nan")
 
     if spec.scaling is Scaling.BLOCK_POW2:
-        # scale = 2**floor(log2(max / amax)) (TE Float8BlockScaling with power-of-2
-        # scales): the block max never saturates.
-        k = _floor_log2(_rdiv(elem.max, block_amax)).clamp(-127, 127)
-        k = torch.where(block_amax == 0, torch.zeros_like(k), k)
-        scale_inv = torch.where(finite, _exp2i(-k), torch.full_like(block_amax, nan))
-        y = round_to_element(pb * _exp2i(k), elem, nb).mul_(scale_inv)
+        scale, scale_inv = _pow2_block_scales(block_amax, elem)
+        y = round_to_element(pb * scale, elem, nb).mul_(scale_inv)
 
     elif spec.scaling is Scaling.BLOCK_E8M0:
         # Decode scale 2**k with k from the exponent bits of the block amax (exact, no log2 rounding).
