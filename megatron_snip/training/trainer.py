@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,8 +79,11 @@ def resolve_initial_plan(cfg: Config, gemm_ids: list[GemmId], linear_numel: dict
     """``precision.initial_plan``: "bf16", "uniform:<format>", a baseline policy spec, or a plan JSON path."""
     spec = cfg.precision.initial_plan
     num_layers = cfg.model.num_layers
-    if spec.endswith(".json") or Path(spec).is_file():
-        plan = PrecisionPlan.load(spec)
+    if _looks_like_path(spec):
+        try:
+            plan = PrecisionPlan.load(spec, linear_numel)
+        except ValueError as e:
+            raise ValueError(f"config precision.initial_plan={spec!r}: {e}") from None
     elif spec == "bf16":
         plan = PrecisionPlan.uniform("bf16", num_layers, linear_numel, policy="bf16")
     elif spec.startswith("uniform:"):
@@ -95,6 +99,12 @@ def resolve_initial_plan(cfg: Config, gemm_ids: list[GemmId], linear_numel: dict
         plan = make_plan(spec, ctx)
     plan.validate(gemm_ids)
     return plan
+
+
+def _looks_like_path(spec: str) -> bool:
+    """A file name rather than a policy spec: it exists, has a folder part or a file suffix
+    (policy specs are ``name[:args]`` with no ``/`` and no ``.json``/``.txt`` ending)."""
+    return Path(spec).exists() or "/" in spec or os.sep in spec or Path(spec).suffix.lower() in (".json", ".txt")
 
 
 class Trainer:
@@ -176,13 +186,23 @@ class Trainer:
         return get_backend("emulated", compiled=p.compile_quantizers)
 
     def _build_data(self) -> DataBundle:
-        # Rank 0 tokenizes into the cache first; the others then only read it.
+        # Rank 0 tokenizes into the cache (once per job, on shared storage if data.cache_dir is)
+        # and checks the data first; the others then only read it - or raise rank 0's error
+        # instead of waiting for it in a collective.
         world = self.topo.world_group
         if self.topo.is_distributed and not self.is_writer:
-            comm.barrier(world)
-        data = build_data(self.cfg, is_writer=self.is_writer)
-        if self.topo.is_distributed and self.is_writer:
-            comm.barrier(world)
+            error = comm.broadcast_object(None, 0, world)
+            if error:
+                raise ValueError(error)
+            return build_data(self.cfg, is_writer=False)
+        try:
+            data = build_data(self.cfg, is_writer=self.is_writer)
+        except ValueError as e:
+            if self.topo.is_distributed:
+                comm.broadcast_object(str(e), 0, world)
+            raise
+        if self.topo.is_distributed:
+            comm.broadcast_object(None, 0, world)
         return data
 
     # --- precision ----------------------------------------------------------------
