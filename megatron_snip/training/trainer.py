@@ -41,12 +41,13 @@ from megatron_snip.precision.backends import Backend, get_backend
 from megatron_snip.precision.capability import require
 from megatron_snip.precision.plan import GemmId, PrecisionPlan, all_gemm_ids
 from megatron_snip.snip.costs import linear_numel, model_linear_shapes
-from megatron_snip.telemetry.logger import RunLogger
+from megatron_snip.telemetry.logger import RunLogger, peak_memory, step_line
 from megatron_snip.telemetry.wandb_sink import WandbSink
 from megatron_snip.training import checkpoint as ckpt
 from megatron_snip.training.lr import lr_at
 from megatron_snip.training.resume_check import compare
 from megatron_snip.training.optim import build_optimizer
+from megatron_snip.training.preemption import StopSignal, TrainingPreempted
 
 
 class TrainingStopped(RuntimeError):
@@ -58,6 +59,23 @@ class StepResult:
     loss: float
     grad_norm: float
     skipped: bool
+
+
+class _LogWindow:
+    """Steps since the last log line: summed loss of the non-skipped ones and wall time."""
+
+    def __init__(self) -> None:
+        self.steps, self.seconds, self.loss_sum, self.loss_count = 0, 0.0, 0.0, 0
+
+    def add(self, res: StepResult, dt: float) -> None:
+        self.steps += 1
+        self.seconds += dt
+        if not res.skipped:
+            self.loss_sum += res.loss
+            self.loss_count += 1
+
+    def mean_loss(self) -> float:
+        return self.loss_sum / self.loss_count if self.loss_count else math.nan
 
 
 def resolve_device(name: str) -> torch.device:
@@ -370,7 +388,11 @@ class Trainer:
 
     # --- loop -----------------------------------------------------------------------
     def fit(self, callbacks: list[Any] | None = None) -> dict[str, float]:
-        """Train from ``self.step`` to ``max_steps``; returns the last evaluation."""
+        """Train from ``self.step`` to ``max_steps``; returns the last evaluation.
+
+        Every ``log_interval`` steps rank 0 prints one line (``telemetry.logger.step_line``),
+        whatever the progress bar does. SIGTERM/SIGUSR1 (``training.preemption``) make every
+        rank stop at the next step boundary, save a checkpoint and raise ``TrainingPreempted``."""
         t = self.cfg.training
         callbacks = callbacks or []
         tokens_per_step = t.global_batch_size * t.seq_len
@@ -378,44 +400,85 @@ class Trainer:
             self.logger.info(f"model: {self.grads.global_numel() / 1e6:.2f}M parameters, vocab {self.vocab_size}, "
                              f"{self.topo.describe()}, device {self.device}, autocast {self.autocast_dtype}, "
                              f"plan {self.plan.policy} (FP4 share {self.plan.fp4_flops_share:.2f})")
+        flops_per_step = self._model_flops_per_step()
+        window = _LogWindow()
+        fit_start, first_step = time.perf_counter(), self.step
         last_eval: dict[str, float] = {}
-        while self.step < t.max_steps:
-            step = self.step
-            for cb in callbacks:
-                cb.before_step(self, step)
-            t0 = time.perf_counter()
-            res = self.train_step(step)
-            dt = time.perf_counter() - t0
-            self.step = step + 1
-            if res.skipped:
-                self.skipped_steps += 1
-                self.consecutive_skips += 1
-                self.logger.info(f"step {step}: non-finite loss={res.loss} grad_norm={res.grad_norm}; step skipped "
-                                 f"({self.consecutive_skips} in a row, {self.skipped_steps} total)")
-                if self.consecutive_skips >= t.max_consecutive_skips:
-                    raise TrainingStopped(
-                        f"{self.consecutive_skips} consecutive non-finite steps (training.max_consecutive_skips="
-                        f"{t.max_consecutive_skips}) at step {step}; weights are those of the last good step. "
-                        f"Lower training.lr, raise precision (e.g. precision.initial_plan=bf16) or check the data")
-            else:
-                self.consecutive_skips = 0
-            metrics: dict[str, Any] = {}
-            if self.step % t.log_interval == 0 or res.skipped or self.step == t.max_steps:
-                metrics.update(loss=res.loss, lr=lr_at(step, t), grad_norm=res.grad_norm, step_time_s=dt,
-                               tokens_per_s=tokens_per_step / dt, skipped_steps=self.skipped_steps,
-                               fp4_share=self.plan.fp4_flops_share)
-            if self.step % t.eval_interval == 0 or self.step == t.max_steps:
-                last_eval = self.evaluate()
-                metrics.update(last_eval)
-                self.logger.info(f"step {self.step}: " + " ".join(f"{k}={v:.4f}" for k, v in last_eval.items()))
-            if metrics:
-                self.logger.log_metrics(self.step, metrics)
-            self.logger.progress(self.step, loss=res.loss, tok_s=int(tokens_per_step / dt))
-            if (t.save_interval and self.step % t.save_interval == 0) or self.step == t.max_steps:
-                self.save()
-            for cb in callbacks:
-                cb.after_step(self, step)
+        with StopSignal() as stop:
+            while self.step < t.max_steps:
+                step = self.step
+                for cb in callbacks:
+                    cb.before_step(self, step)
+                t0 = time.perf_counter()
+                res = self.train_step(step)
+                dt = time.perf_counter() - t0
+                self.step = step + 1
+                window.add(res, dt)
+                if res.skipped:
+                    self.skipped_steps += 1
+                    self.consecutive_skips += 1
+                    self.logger.info(f"step {step}: non-finite loss={res.loss} grad_norm={res.grad_norm}; step skipped "
+                                     f"({self.consecutive_skips} in a row, {self.skipped_steps} total)")
+                    if self.consecutive_skips >= t.max_consecutive_skips:
+                        raise TrainingStopped(
+                            f"{self.consecutive_skips} consecutive non-finite steps (training.max_consecutive_skips="
+                            f"{t.max_consecutive_skips}) at step {step}; weights are those of the last good step. "
+                            f"Lower training.lr, raise precision (e.g. precision.initial_plan=bf16) or check the data")
+                else:
+                    self.consecutive_skips = 0
+                metrics: dict[str, Any] = {}
+                if self.step % t.log_interval == 0 or res.skipped or self.step == t.max_steps:
+                    metrics.update(loss=res.loss, lr=lr_at(step, t), grad_norm=res.grad_norm, step_time_s=dt,
+                                   tokens_per_s=tokens_per_step / dt, skipped_steps=self.skipped_steps,
+                                   fp4_share=self.plan.fp4_flops_share)
+                if self.step % t.log_interval == 0 or self.step == t.max_steps:
+                    elapsed = time.perf_counter() - fit_start
+                    per_step = elapsed / (self.step - first_step)
+                    self.logger.info(step_line(
+                        self.step, t.max_steps, loss=window.mean_loss(), lr=lr_at(step, t), grad_norm=res.grad_norm,
+                        tokens_per_s=tokens_per_step * window.steps / window.seconds,
+                        tflops_per_rank=None if flops_per_step is None else
+                        flops_per_step * window.steps / window.seconds / self.topo.world_size / 1e12,
+                        peak_memory=peak_memory(self.device), skipped=self.skipped_steps,
+                        fp4_share=self.plan.fp4_flops_share, elapsed_s=elapsed,
+                        eta_s=per_step * (t.max_steps - self.step)))
+                    window = _LogWindow()
+                if self.step % t.eval_interval == 0 or self.step == t.max_steps:
+                    last_eval = self.evaluate()
+                    metrics.update(last_eval)
+                    self.logger.info(f"step {self.step}: " + " ".join(f"{k}={v:.4f}" for k, v in last_eval.items()))
+                if metrics:
+                    self.logger.log_metrics(self.step, metrics)
+                self.logger.progress(self.step, loss=res.loss, tok_s=int(tokens_per_step / dt))
+                saved = (t.save_interval and self.step % t.save_interval == 0) or self.step == t.max_steps
+                if saved:
+                    self.save()
+                for cb in callbacks:
+                    cb.after_step(self, step)
+                if self._stop_requested(stop):
+                    if not saved:
+                        self.save()
+                    raise TrainingPreempted(
+                        f"received {stop.received.name if stop.received else 'a stop signal (on another rank)'} "
+                        f"during step {step}: checkpoint {ckpt.step_dir(self.ckpt_root, self.step)} written; "
+                        f"resume with training.resume=auto (the launchers' default)")
         return last_eval
+
+    def _stop_requested(self, stop: StopSignal) -> bool:
+        """Whether any rank received a preemption signal (one decision for all ranks)."""
+        flag = torch.tensor(1.0 if stop.received is not None else 0.0, device=self.device)
+        if self.topo.is_distributed:
+            comm.all_reduce_max(flag, self.topo.world_group)
+        return bool(flag.item() > 0)
+
+    def _model_flops_per_step(self) -> float | None:
+        """Training FLOPs of one optimizer step over all ranks (``sizing.estimate``), None if unknown."""
+        from megatron_snip.sizing import estimate
+
+        try:
+            return float(estimate(self.cfg, self.topo.world_size).flops_total)
+        except (ValueError, KeyError):
+            return None
 
     # --- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
