@@ -77,8 +77,10 @@ class SnipController:
             return
         from megatron_snip.telemetry.plots import plot_precision_map, plot_timeline
 
-        plot_precision_map(trainer.plan, Path(self.cfg.training.run_dir) / "precision_map.png",
-                           title=f"final plan ({trainer.plan.policy}, step {trainer.plan.step})")
+        final_map = Path(self.cfg.training.run_dir) / "precision_map.png"
+        plot_precision_map(trainer.plan, final_map, title=f"final plan ({trainer.plan.policy}, step {trainer.plan.step})")
+        if trainer.wandb is not None:
+            trainer.wandb.log_final_plan(trainer.plan, final_map, step=trainer.step)
         timeline = Path(self.cfg.training.run_dir) / "timeline.png"
         plot_timeline(trainer.plan_history, timeline)
         if trainer.wandb is not None:
@@ -182,7 +184,9 @@ class SnipController:
         png = self.plans_dir / f"step_{step:06d}.png"
         plot_precision_map(plan, png)
         if trainer.wandb is not None:
-            trainer.wandb.log_plan(plan, png)
+            costs = None if snapshot is None else policy_costs(self.spec.name, snapshot,
+                                                                self.cfg.snip.weight_divergence_weight)
+            trainer.wandb.log_plan(plan, png, costs=costs)
 
 
 def stage_map(num_layers: int, pp: int) -> dict[int, int] | None:
