@@ -85,9 +85,14 @@ class ParallelConfig:
     pp: int = 1  # pipeline-parallel size
     sequence_parallel: bool = False  # shard norms/dropout regions over TP along the sequence
     pp_schedule: str = "1f1b"  # "1f1b" or "gpipe"
+    # Seconds a collective may wait for a peer before it fails; a rank whose heartbeat stops for
+    # half of this (stopped, swapped out, dead) ends the job naming it (parallel/watchdog.py).
+    # Re-plans, evaluations and checkpoints must each fit in it.
+    collective_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
-        _positive("parallel", self, "tp", "pp")
+        _finite("parallel", self)
+        _positive("parallel", self, "tp", "pp", "collective_timeout_s")
         if self.pp_schedule not in ("1f1b", "gpipe"):
             raise _err("parallel.pp_schedule", self.pp_schedule, "choose '1f1b' or 'gpipe'")
         if self.sequence_parallel and self.tp == 1:

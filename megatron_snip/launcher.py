@@ -18,6 +18,8 @@ Environment read (everything else comes from the config file):
                                             (NPROC_PER_NODE is an explicit override)
     SLURM_JOB_ID                            rendezvous id (jobs sharing a host never join)
     MASTER_PORT                             rendezvous port; default 15000 + SLURM_JOB_ID % 15000
+    MAX_RESTARTS                            torchrun --max-restarts (default 3)
+    SHUTDOWN_TIMEOUT                        torchrun --shutdown-timeout, seconds (default 240)
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 DEFAULT_PORT_BASE, PORT_SPREAD = 15000, 15000  # 15000-29999: below Linux ephemeral ports
+DEFAULT_MAX_RESTARTS = 3
+DEFAULT_SHUTDOWN_TIMEOUT_S = 240  # below the sbatch warning lead time (USR1@300)
+# torchrun's default set plus SIGUSR1, SLURM's time-limit warning, forwarded to the workers.
+SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 _BRACKET = re.compile(r"\[([^\]]*)\]")
 
 
@@ -110,19 +116,35 @@ def nproc_per_node(env: Mapping[str, str]) -> int:
                      "(#SBATCH --gpus-per-node=8, which sets SLURM_GPUS_ON_NODE)")
 
 
+def _non_negative(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit():
+        raise ValueError(f"{name}={raw!r} must be a non-negative integer (default {default})")
+    return int(raw)
+
+
 def torchrun_command(env: Mapping[str, str], config: str, overrides: Sequence[str] = (), *,
-                     torchrun: Sequence[str] = ("torchrun",)) -> list[str]:
+                     torchrun: Sequence[str] | None = None) -> list[str]:
     """The torchrun command every node of a SLURM job runs.
 
     Args:
         env: the SLURM environment (``os.environ`` in the batch script).
         config: path of the TOML config, passed to ``megatron_snip.train --config``.
-        overrides: ``section.field=value`` strings, each passed as ``--set``.
-        torchrun: the launcher executable (argv prefix).
+        overrides: ``section.field=value`` strings, each passed as ``--set`` (after
+            ``training.resume=auto``, so a requeued or restarted job continues; an override wins).
+        torchrun: the launcher argv prefix; default ``<this python> -m torch.distributed.run``,
+            i.e. the torchrun of the environment that runs this function (``$PYTHON``), not
+            whichever ``torchrun`` comes first on the compute nodes' PATH.
 
     Returns:
-        argv: torchrun --nnodes=N --nproc_per_node=P --rdzv_backend=c10d
-        --rdzv_endpoint=HOST:PORT --rdzv_id=JOBID -m megatron_snip.train --config CONFIG --set ...
+        argv: TORCHRUN --nnodes=N --nproc_per_node=P --rdzv_backend=c10d
+        --rdzv_endpoint=HOST:PORT --rdzv_id=JOBID --max-restarts=R --signals-to-handle=...,SIGUSR1
+        --shutdown-timeout=S -m megatron_snip.train --config CONFIG --set training.resume=auto --set ...
+        (R = $MAX_RESTARTS, default 3: worker failures restart every worker, which resume from the
+        latest verified checkpoint; S = $SHUTDOWN_TIMEOUT, default 240: seconds the workers get to
+        write their preemption checkpoint after SIGTERM/SIGUSR1 before torchrun kills them).
     """
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
     if not nodelist:
@@ -147,15 +169,21 @@ def torchrun_command(env: Mapping[str, str], config: str, overrides: Sequence[st
     for ov in overrides:
         if "=" not in ov or "\n" in ov:
             raise ValueError(f"override {ov!r} is not 'section.field=value' (e.g. training.max_steps=60)")
+    restarts = _non_negative(env, "MAX_RESTARTS", DEFAULT_MAX_RESTARTS)
+    shutdown = _non_negative(env, "SHUTDOWN_TIMEOUT", DEFAULT_SHUTDOWN_TIMEOUT_S)
     cmd = [
-        *torchrun,
+        *(torchrun if torchrun is not None else (sys.executable, "-m", "torch.distributed.run")),
         f"--nnodes={nnodes}",
         f"--nproc_per_node={nproc_per_node(env)}",
         "--rdzv_backend=c10d",
         f"--rdzv_endpoint={hosts[0]}:{port}",
         f"--rdzv_id={job_id}",
+        f"--max-restarts={restarts}",
+        f"--signals-to-handle={SIGNALS_TO_HANDLE}",
+        f"--shutdown-timeout={shutdown}",
         "-m", "megatron_snip.train",
         "--config", config,
+        "--set", "training.resume=auto",
     ]
     for ov in overrides:
         cmd += ["--set", ov]

@@ -12,7 +12,8 @@ import sys
 from megatron_snip.config import load_config
 
 # Exit codes: 0 done, 1 no result, 2 bad input (config, data, checkpoint), 3 training stopped
-# (non-finite steps or a ruinous update; the last checkpoint holds good weights).
+# (non-finite steps or a ruinous update; the last checkpoint holds good weights), 4 another rank
+# died or hung (parallel/watchdog.py), 75 preempted after writing a checkpoint (training/preemption.py).
 EXIT_STOPPED = 3
 
 
@@ -46,8 +47,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         return 0
-    from megatron_snip.parallel.distributed import destroy_distributed, env_world_size, init_distributed
+    from megatron_snip.parallel.distributed import (destroy_distributed, env_rank, env_world_size, init_distributed,
+                                                    is_collective_failure)
     from megatron_snip.training.run import run_training
+    from megatron_snip.atomic_io import ensure_writable_dir
+    from megatron_snip.parallel.watchdog import EXIT_HUNG, Heartbeat
+    from megatron_snip.training.preemption import EXIT_PREEMPTED, TrainingPreempted
     from megatron_snip.training.trainer import TrainingStopped
 
     if cfg.precision.backend == "emulated":
@@ -57,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 
         tune_cpu_malloc()
 
+    heartbeat = None
     try:
         # torchrun sets WORLD_SIZE; a plain `python -m megatron_snip.train` runs one process, no process group.
         world_size = env_world_size()
@@ -64,16 +70,32 @@ def main(argv: list[str] | None = None) -> int:
         if world_size > 1:
             cfg.validate(world_size)  # fail on a bad layout before any rank waits in a collective
             device = cfg.training.device
-            topo = init_distributed(cfg.parallel.tp, cfg.parallel.pp,
+            topo = init_distributed(cfg.parallel.tp, cfg.parallel.pp, timeout_s=cfg.parallel.collective_timeout_s,
                                     device_type=None if device == "auto" else device)
-        result = run_training(cfg, topo)
+            run_dir = ensure_writable_dir(cfg.training.run_dir, "training.run_dir")
+            heartbeat = Heartbeat(run_dir / "heartbeat", topo.rank, world_size,
+                                  cfg.parallel.collective_timeout_s).start()
+        result = run_training(cfg, topo, callbacks=[heartbeat] if heartbeat else None)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except TrainingStopped as e:
         print(f"error: training stopped: {e}", file=sys.stderr)
         return EXIT_STOPPED
+    except TrainingPreempted as e:
+        print(f"preempted: {e}", flush=True)
+        return EXIT_PREEMPTED
+    except RuntimeError as e:
+        if not is_collective_failure(e):
+            raise
+        print(f"error: a collective failed on rank {env_rank()} at step {heartbeat.step if heartbeat else '?'} "
+              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); another rank died or stopped "
+              f"responding (parallel.collective_timeout_s={cfg.parallel.collective_timeout_s:g}) - see its log",
+              file=sys.stderr)
+        return EXIT_HUNG
     finally:
+        if heartbeat is not None:
+            heartbeat.stop()
         destroy_distributed()
     return 0 if result is not None else 1
 

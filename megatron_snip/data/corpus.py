@@ -18,6 +18,7 @@ import multiprocessing
 import os
 import tempfile
 import time
+import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
@@ -52,12 +53,26 @@ def _open_text(path: str | os.PathLike, mode: str = "rt"):
     return open(path, mode, encoding="utf-8")
 
 
+def _numbered_lines(f, path: str) -> Iterator[tuple[int, str]]:
+    """(line number, line) of an open text file, with decoding errors turned into messages naming the file."""
+    lineno = 0
+    try:
+        for lineno, line in enumerate(f, 1):
+            yield lineno, line
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise ValueError(f"{path}: not a valid gzip file ({type(e).__name__}: {e}); a .gz name needs gzip-compressed "
+                         f"JSONL - gzip it, or drop the .gz suffix if it is plain text") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}:{lineno + 1}: not UTF-8 text ({e.reason} at byte {e.start} of the line's chunk); "
+                         f"give JSONL text, one {{\"text\": ...}} object per line") from None
+
+
 def read_jsonl(path: str | os.PathLike, key: str = "text") -> Iterator[str]:
     """The ``key`` field of each JSON line of ``path`` (plain or ``.gz``); blank lines skipped."""
     if not os.path.isfile(path):
         raise ValueError(f"jsonl path={os.fspath(path)!r} does not exist")
     with _open_text(path) as f:
-        for lineno, line in enumerate(f, 1):
+        for lineno, line in _numbered_lines(f, os.fspath(path)):
             if not line.strip():
                 continue
             try:

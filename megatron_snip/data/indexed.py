@@ -235,11 +235,21 @@ class IndexedDataset:
 
         if n_doc_entries < 1 or self.document_indices[0] != 0 or self.document_indices[-1] != n_seq or np.any(np.diff(self.document_indices) < 0):
             raise ValueError(f"{ipath}: document indices must start at 0, be non-decreasing and end at the sequence count {n_seq}")
+        if n_seq and int(self.sequence_lengths.min()) < 0:
+            i = int(np.argmin(self.sequence_lengths))
+            raise ValueError(f"{ipath}: sequence {i} has negative length {int(self.sequence_lengths[i])}; the index "
+                             f"is corrupt - rebuild it with scripts/preprocess_data.py")
         # Our readers address tokens by offset, which needs sequences packed back to back --
         # what every Megatron writer (including add_index merges) produces.
         itemsize = self.dtype.itemsize
         self._token_offsets = _exclusive_cumsum(self.sequence_lengths)
         if not np.array_equal(self.sequence_pointers, self._token_offsets * itemsize):
+            implied = [d for d in DTYPE_CODES.values() if d.itemsize != itemsize
+                       and np.array_equal(self.sequence_pointers, self._token_offsets * d.itemsize)]
+            if implied:
+                raise ValueError(f"{ipath}: the header's dtype code {code} ({self.dtype}, {itemsize}-byte tokens) "
+                                 f"disagrees with the sequence pointers, which imply {implied[0].itemsize}-byte tokens; "
+                                 f"the dtype byte (offset 17) is wrong - rebuild the index with scripts/preprocess_data.py")
             raise ValueError(f"{ipath}: sequence pointers are not contiguous; this reader needs packed sequences")
         n_tokens = int(self.sequence_lengths.sum(dtype=np.int64))
         bsize = os.path.getsize(bpath)
@@ -247,6 +257,15 @@ class IndexedDataset:
             raise ValueError(f"{bpath} is {bsize} bytes but the index says {n_tokens} tokens of {self.dtype} ({n_tokens * itemsize} bytes)")
         # np.memmap cannot map an empty file.
         self.tokens = np.memmap(bpath, dtype=self.dtype, mode="r") if n_tokens else np.empty(0, self.dtype)
+
+    def token_range(self, chunk: int = 1 << 24) -> tuple[int, int]:
+        """(min, max) token id over the whole ``.bin`` (one chunked pass); (0, -1) when empty."""
+        lo, hi = None, None
+        for start in range(0, self.num_tokens, chunk):
+            block = self.tokens[start:start + chunk]
+            b_lo, b_hi = int(block.min()), int(block.max())
+            lo, hi = (b_lo, b_hi) if lo is None else (min(lo, b_lo), max(hi, b_hi))
+        return (0, -1) if lo is None else (lo, hi)
 
     # --- pickling: re-open by prefix rather than copying the mapped arrays
     def __getstate__(self) -> dict:

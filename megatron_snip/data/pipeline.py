@@ -12,6 +12,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from megatron_snip.atomic_io import ensure_writable_dir
 from megatron_snip.config import Config, DataConfig
 from megatron_snip.data import indexed
 from megatron_snip.data.corpus import bundled_sample_path, prepare_tokens, read_jsonl
@@ -43,8 +46,7 @@ def corpus_name(path: str) -> str:
 
 def _cache_dir(cfg: DataConfig) -> str:
     d = cfg.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "megatron_snip")
-    os.makedirs(d, exist_ok=True)
-    return d
+    return os.fspath(ensure_writable_dir(d, "data.cache_dir"))
 
 
 def load_tokenizer_for(cfg: DataConfig) -> Tokenizer:
@@ -58,18 +60,33 @@ def load_tokenizer_for(cfg: DataConfig) -> Tokenizer:
     return build_tokenizer("bpe", cfg.tokenizer_path or None, texts=texts, vocab_size=cfg.bpe_vocab_size)
 
 
-def open_indexed(path: str, tokenizer: Tokenizer, cfg: DataConfig) -> IndexedDataset:
+def open_indexed(path: str, tokenizer: Tokenizer, cfg: DataConfig, *, check_ids: bool = True) -> IndexedDataset:
+    """The token file of corpus ``path`` (tokenized into the cache first if it is JSONL).
+
+    ``check_ids`` scans the whole ``.bin`` once: every id must be a valid id of ``tokenizer``
+    (ids of another tokenizer would index past the embedding - a device assert on GPU)."""
     resolved = resolve_corpus(path)
     prefix = resolved if indexed.exists(resolved) else prepare_tokens(resolved, tokenizer, _cache_dir(cfg), cfg.json_key)
-    return IndexedDataset(prefix)
+    ds = IndexedDataset(prefix)
+    if not np.issubdtype(ds.dtype, np.integer):
+        raise ValueError(f"corpus {path!r}: {indexed.bin_path(prefix)} holds {ds.dtype} values, not token ids; "
+                         f"tokenize it with scripts/preprocess_data.py (uint16/int32 ids)")
+    if check_ids:
+        lo, hi = ds.token_range()
+        if lo < 0 or hi >= tokenizer.vocab_size:
+            raise ValueError(f"corpus {path!r}: token ids in [{lo}, {hi}] but the tokenizer (data.tokenizer="
+                             f"{cfg.tokenizer!r}) has ids [0, {tokenizer.vocab_size}); the file was tokenized with "
+                             f"another tokenizer - set data.tokenizer/data.tokenizer_path to the one it was made with")
+    return ds
 
 
 def build_data(cfg: Config, *, is_writer: bool = True) -> DataBundle:
     """Tokenizer + datasets for ``cfg``. Every rank calls it; the cache makes the work happen once."""
     d = cfg.data
     tokenizer = load_tokenizer_for(d)
-    train_idx = open_indexed(d.train_path, tokenizer, d)
-    extra = {corpus_name(p): open_indexed(p, tokenizer, d) for p in d.valid_paths}
+    # The writer checks the token ids; the others wait for its verdict (trainer._build_data).
+    train_idx = open_indexed(d.train_path, tokenizer, d, check_ids=is_writer)
+    extra = {corpus_name(p): open_indexed(p, tokenizer, d, check_ids=is_writer) for p in d.valid_paths}
     sets = build_datasets(train_idx, cfg.training.seq_len, tokenizer.eod_id, split=d.split,
                           seed=cfg.training.seed, extra_valid=extra)
     valid = {k: v for k, v in sets.items() if k not in ("train", "test")}

@@ -32,7 +32,16 @@ def env_world_size(env: Mapping[str, str] | None = None) -> int:
         raise ValueError(f"environment WORLD_SIZE={raw!r} is not an integer; launch with torchrun") from None
 
 
-def init_distributed(tp: int, pp: int, *, device_type: str | None = None, timeout_s: float = 1800.0,
+def env_rank(env: Mapping[str, str] | None = None) -> int:
+    """RANK from the environment (0 when not launched by torchrun)."""
+    env = os.environ if env is None else env
+    try:
+        return int(env.get("RANK", "0"))
+    except ValueError:
+        raise ValueError(f"environment RANK={env.get('RANK')!r} is not an integer; launch with torchrun") from None
+
+
+def init_distributed(tp: int, pp: int, *, device_type: str | None = None, timeout_s: float = 600.0,
                      env: Mapping[str, str] | None = None) -> ParallelTopology:
     """Initialize the default process group from torchrun's env and return this rank's topology.
 
@@ -40,7 +49,8 @@ def init_distributed(tp: int, pp: int, *, device_type: str | None = None, timeou
         tp, pp: tensor- and pipeline-parallel sizes (``parallel.tp``, ``parallel.pp``); DP = world / (tp*pp).
         device_type: "cuda" -> NCCL (and ``torch.cuda.set_device(LOCAL_RANK)``), "cpu" -> gloo;
             None = cuda when available.
-        timeout_s: collective timeout (a hung rank fails the run after this long).
+        timeout_s: collective timeout, ``parallel.collective_timeout_s`` (a collective waiting for a
+            hung peer fails after this long; parallel/watchdog.py names the hung rank sooner).
         env: environment to read (default ``os.environ``); must hold RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
     """
     env = os.environ if env is None else env
@@ -66,6 +76,16 @@ def init_distributed(tp: int, pp: int, *, device_type: str | None = None, timeou
     for kind in GROUP_KINDS:  # same order on every rank
         groups[f"{kind}_group"], _ = dist.new_subgroups_by_enumeration(group_ranks(world_size, tp, pp)[kind])
     return ParallelTopology.from_rank(world_size, rank, tp, pp, world_group=dist.group.WORLD, **groups)
+
+
+def is_collective_failure(error: BaseException) -> bool:
+    """Whether ``error`` is a failed collective (a peer died, hung past the timeout, or reset the
+    connection) rather than a bug: torch's ``DistError`` family, or the bare ``RuntimeError``
+    gloo raises with its source location (``.../gloo/transport/tcp/pair.cc:537] Read error ...``)."""
+    if isinstance(error, dist.DistError):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(k in text for k in ("/gloo/", "NCCL", "ProcessGroup", "c10d"))
 
 
 def destroy_distributed() -> None:

@@ -195,32 +195,80 @@ class PrecisionPlan:
         return json.dumps(self.to_json_dict(), indent=1, sort_keys=False)
 
     @classmethod
-    def from_json_dict(cls, d: Mapping[str, Any]) -> PrecisionPlan:
-        if "entries" not in d:
-            raise ValueError("plan JSON has no 'entries' object mapping '<layer>.<linear>.<gemm>' to a format")
-        entries = {GemmId.parse(k): v for k, v in d["entries"].items()}
-        for gid, fmt in entries.items():
-            if fmt not in FORMATS:
-                raise ValueError(f"plan entry {gid.key}={fmt!r} is not a known format {sorted(FORMATS)}")
+    def from_json_dict(cls, d: Mapping[str, Any], linear_numel: Mapping[str, int] | None = None) -> PrecisionPlan:
+        """A plan from its JSON object. With ``linear_numel`` the FP4 FLOP share is recomputed
+        from the entries and a different claimed ``fp4_flops_share`` is refused (a file must not
+        decide what gets logged as its FP4 share); without it the recorded share is kept (plans
+        this code wrote: checkpoints, broadcasts)."""
+        if not isinstance(d, Mapping):
+            raise ValueError(f"plan JSON is a {_json_type(d)}, not an object with 'entries', 'step', 'policy'")
+        raw = d.get("entries")
+        if not isinstance(raw, Mapping):
+            got = "missing" if raw is None else f"a {_json_type(raw)}"
+            raise ValueError(f"plan JSON 'entries' is {got}; it must be an object mapping '<layer>.<linear>.<gemm>' "
+                             f"to a format name, e.g. {{\"0.qkv.fprop\": \"fp8\"}}")
+        entries = {}
+        for k, fmt in raw.items():
+            gid = GemmId.parse(k)
+            if not isinstance(fmt, str) or fmt not in FORMATS:
+                raise ValueError(f"plan entry {gid.key}={fmt!r} is not a known format name {sorted(FORMATS)}")
+            entries[gid] = fmt
+        extra = d.get("extra") or {}
+        if not isinstance(extra, Mapping):
+            raise ValueError(f"plan JSON 'extra' is a {_json_type(extra)}; it must be an object (or left out)")
+        step = d.get("step", 0)
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"plan JSON 'step'={step!r} must be a non-negative integer")
+        policy = d.get("policy", "file")
+        if not isinstance(policy, str):
+            raise ValueError(f"plan JSON 'policy'={policy!r} must be a string")
+        claimed = d.get("fp4_flops_share")
+        if claimed is not None and (isinstance(claimed, bool) or not isinstance(claimed, (int, float))):
+            raise ValueError(f"plan JSON 'fp4_flops_share'={claimed!r} must be a number")
+        share = float(claimed or 0.0)
+        if linear_numel is not None:
+            share = fp4_flops_share(entries, linear_numel)
+            if claimed is not None and abs(float(claimed) - share) > 1e-6:
+                raise ValueError(f"plan JSON claims fp4_flops_share={claimed} but its entries put {share:.4f} of the "
+                                 f"linear-layer FLOPs in FP4; fix the entries or drop the field (it is recomputed)")
         plan = cls(
             entries=tuple(sorted(entries.items())),
-            step=int(d.get("step", 0)),
-            policy=str(d.get("policy", "file")),
-            fp4_flops_share=float(d.get("fp4_flops_share", 0.0)),
+            step=step,
+            policy=policy,
+            fp4_flops_share=share,
             objective=d.get("objective"),
             solver_status=d.get("solver_status"),
-            extra=tuple(sorted(dict(d.get("extra") or {}).items())),
+            extra=tuple(sorted(dict(extra).items())),
         )
         if "hash" in d and d["hash"] != plan.hash:
             raise ValueError(f"plan JSON hash {d['hash']} does not match its contents ({plan.hash}); the file was edited or corrupted")
         return plan
 
     @classmethod
-    def load(cls, path: str | Path) -> PrecisionPlan:
+    def load(cls, path: str | Path, linear_numel: Mapping[str, int] | None = None) -> PrecisionPlan:
+        """Read a plan JSON file (``from_json_dict``); every error names the file."""
         path = Path(path)
+        if path.is_dir():
+            raise ValueError(f"precision plan file {str(path)!r} is a directory; give a plan JSON file "
+                             f"(e.g. runs/x/plans/step_000100.json)")
         if not path.is_file():
             raise ValueError(f"precision plan file {str(path)!r} does not exist")
-        return cls.from_json_dict(json.loads(path.read_text()))
+        data = path.read_bytes()
+        try:
+            text = data.decode("utf-8-sig")  # a UTF-8 BOM (some editors write one) is not part of the JSON
+        except UnicodeDecodeError as e:
+            raise ValueError(f"precision plan file {str(path)!r} is not UTF-8 text (byte {e.start}); give a plan "
+                             f"JSON file") from None
+        if not text.strip():
+            raise ValueError(f"precision plan file {str(path)!r} is empty; give a plan JSON file")
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"precision plan file {str(path)!r} is not valid JSON ({e})") from None
+        try:
+            return cls.from_json_dict(obj, linear_numel)
+        except ValueError as e:
+            raise ValueError(f"precision plan file {str(path)!r}: {e}") from None
 
     @property
     def hash(self) -> str:
@@ -234,3 +282,8 @@ class PrecisionPlan:
 
     def with_step(self, step: int) -> PrecisionPlan:
         return PrecisionPlan(self.entries, step, self.policy, self.fp4_flops_share, self.objective, self.solver_status, self.extra)
+
+
+def _json_type(v: Any) -> str:
+    return {dict: "object", list: "list", str: "string", bool: "boolean", int: "number", float: "number",
+            type(None): "null"}.get(type(v), type(v).__name__)

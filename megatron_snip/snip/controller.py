@@ -24,10 +24,10 @@ from typing import Any
 import torch
 
 from megatron_snip.config import Config
-from megatron_snip.parallel import comm
-from megatron_snip.precision.plan import PrecisionPlan
-from megatron_snip.snip import ilp
 from megatron_snip.model.shapes import linear_numel, model_linear_shapes
+from megatron_snip.parallel import comm
+from megatron_snip.precision.plan import GemmId, PrecisionPlan
+from megatron_snip.snip import ilp
 from megatron_snip.snip.gather import reduce_snapshot
 from megatron_snip.snip.host import Replan, SnipHost, TokenSource
 from megatron_snip.snip.metrics import predicted_divergence
@@ -103,8 +103,9 @@ class SnipController:
             timings["stats_s"] = time.perf_counter() - t0
         previous = host.plan
         decision: dict[str, Any] = {}
+        costs = None  # the costs stay on global rank 0 (the writer); only the decision is broadcast
         if topo.rank == 0:
-            decision = self._decide(snapshot, step, previous)
+            decision, costs = self._decide(snapshot, step, previous)
         decision = comm.broadcast_object(decision, 0, topo.world_group)
         timings.update(decision.get("timings", {}))
         if "error" in decision:
@@ -124,24 +125,25 @@ class SnipController:
         self.replans += 1
         changed = sum(a != b for (_, a), (_, b) in zip(previous.entries, plan.entries))
         return Replan(step, plan, snapshot=snapshot, timings=timings, predicted_divergence=decision.get("predicted"),
-                      gemms_changed=changed, count=self.replans)
+                      gemms_changed=changed, count=self.replans, costs=costs)
 
-    def _decide(self, snapshot: dict | None, step: int, previous: PrecisionPlan) -> dict[str, Any]:
-        """Metrics and solve on global rank 0: {"plan": json, "predicted", "timings"} or {"error"}."""
+    def _decide(self, snapshot: dict | None, step: int,
+                previous: PrecisionPlan) -> tuple[dict[str, Any], dict[GemmId, dict[str, float]] | None]:
+        """Metrics and solve on global rank 0: ({"plan": json, "predicted", "timings"} or {"error"}, the costs)."""
         t1 = time.perf_counter()
         costs = None
         if snapshot is not None:
             costs = policy_costs(self.spec.name, snapshot, self.cfg.snip.weight_divergence_weight)
             bad = [g.key for g, per_format in costs.items() if not all(math.isfinite(c) for c in per_format.values())]
             if bad:  # a NaN/inf cost would make the ILP invalid; the old plan stays
-                return {"error": f"non-finite SNIP statistics for {len(bad)} GEMM(s), e.g. {bad[:3]}"}
+                return {"error": f"non-finite SNIP statistics for {len(bad)} GEMM(s), e.g. {bad[:3]}"}, None
         out_timings = {"metrics_s": time.perf_counter() - t1}
         t1 = time.perf_counter()
         try:
             plan = make_plan(self.policy, self.context.at_step(step), costs,
                              previous=previous if previous.policy == self.policy else None)
         except (SolveTimeoutError, ilp.InfeasibleError) as e:
-            return {"error": f"solve failed ({e})"}
+            return {"error": f"solve failed ({e})"}, costs
         out_timings["solve_s"] = time.perf_counter() - t1
         predicted = predicted_divergence(costs, plan.as_dict()) if costs is not None else None
-        return {"plan": plan.to_json_dict(), "predicted": predicted, "timings": out_timings}
+        return {"plan": plan.to_json_dict(), "predicted": predicted, "timings": out_timings}, costs

@@ -17,7 +17,7 @@ import torch
 
 from megatron_snip.model.layers import PrecisionLinear
 from megatron_snip.parallel.topology import ParallelTopology
-from megatron_snip.precision.plan import PrecisionPlan
+from megatron_snip.precision.plan import GemmId, PrecisionPlan
 
 
 class ProbeModel(Protocol):
@@ -122,6 +122,8 @@ class Replan:
         predicted_divergence: the costs' total for ``plan`` (ILP policies), else None.
         gemms_changed: GEMMs whose format differs from the previous plan.
         count: plans applied by this controller so far, this one included.
+        costs: the per-GEMM costs the plan was solved from (``costs[GemmId][format]``), on
+            global rank 0 only (None elsewhere, and for policies without costs).
     """
 
     step: int
@@ -132,6 +134,7 @@ class Replan:
     predicted_divergence: float | None = None
     gemms_changed: int = 0
     count: int = 0
+    costs: Mapping[GemmId, Mapping[str, float]] | None = None
 
     @property
     def applied(self) -> bool:

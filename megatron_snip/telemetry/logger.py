@@ -1,14 +1,17 @@
 """The one rank-0 logger: stdout lines, ``metrics.jsonl`` in the run directory, optional W&B.
 
 Only the rank constructed with ``is_writer=True`` (global rank 0) prints or writes; on every
-other rank each method is a no-op, so callers never branch on rank.
+other rank each method is a no-op, so callers never branch on rank. The progress bar (stderr)
+appears only when stderr is a terminal; the per-interval ``step_line`` goes to stdout either way.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import resource
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +30,8 @@ class RunLogger:
         if is_writer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self._metrics = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
-            if progress_total:
+            # A bar only on a terminal: in a file (a SLURM .out) it would be one line of carriage returns.
+            if progress_total and sys.stderr.isatty():
                 self._bar = tqdm(total=progress_total, initial=progress_initial, unit="step", dynamic_ncols=True,
                                  file=sys.stderr, mininterval=1.0)
 
@@ -88,3 +92,30 @@ def _jsonable(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)  # JSON has no NaN/Inf; keep it readable rather than invalid
     return v
+
+
+def step_line(step: int, max_steps: int, *, loss: float, lr: float, grad_norm: float, tokens_per_s: float,
+              tflops_per_rank: float | None, peak_memory: str, skipped: int, fp4_share: float, elapsed_s: float,
+              eta_s: float) -> str:
+    """One Megatron-style log line for the interval ending at ``step``; ``loss`` is the mean over
+    the interval's non-skipped steps, throughput over its wall time."""
+    tflops = "" if tflops_per_rank is None else f" | {tflops_per_rank:.2f} TFLOP/s/rank"
+    return (f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] step {step:>{len(str(max_steps))}}/{max_steps} | loss {loss:.4f} "
+            f"| lr {lr:.3e} | grad norm {grad_norm:.3f} | {tokens_per_s:,.0f} tok/s{tflops} | peak mem {peak_memory} "
+            f"| skipped {skipped} | FP4 share {fp4_share:.2f} | elapsed {_hms(elapsed_s)} | ETA {_hms(eta_s)}")
+
+
+def peak_memory(device: Any) -> str:
+    """Peak memory of this process: CUDA allocator peak on a GPU, resident set size on CPU."""
+    import torch
+
+    if getattr(device, "type", str(device)) == "cuda":
+        return f"{torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB"
+    return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB RSS"  # ru_maxrss is KiB on Linux
+
+
+def _hms(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"

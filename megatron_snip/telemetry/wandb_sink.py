@@ -7,8 +7,8 @@
 
 Optional but first-class: ``logging.wandb_project = ""`` turns it off; once a project is set,
 a missing ``wandb`` package is a config error. ``wandb`` is imported lazily, only on the
-rank that logs. Mode ``auto`` means ``$WANDB_MODE`` if set, else online iff ``WANDB_API_KEY``
-is set, else offline - an offline run needs no account and no network (``wandb sync
+rank that logs. Mode ``auto`` means ``$WANDB_MODE`` if set, else online iff there is an API
+key (``WANDB_API_KEY``, or the one ``wandb login`` put in ~/.netrc / ``$NETRC``), else offline - an offline run needs no account and no network (``wandb sync
 <run_dir>/wandb/offline-run-*`` uploads it later). An online run that cannot reach the server
 within ``init_timeout`` seconds falls back to offline instead of stopping training; after
 ``init``, uploads happen in W&B's own service process and never block a training step.
@@ -16,8 +16,8 @@ within ``init_timeout`` seconds falls back to offline instead of stopping traini
 Hermetic: every W&B file of a run lives under its run directory - ``WANDB_DIR`` (run files),
 ``WANDB_CACHE_DIR``, ``WANDB_CONFIG_DIR`` and ``WANDB_DATA_DIR`` (artifact staging) are set
 to ``<run_dir>`` and ``<run_dir>/wandb/{cache,config,data}``, overriding the environment (W&B
-would otherwise write into ~/.cache/wandb and ~/.config/wandb). Self-hosted servers: set
-``WANDB_BASE_URL`` (a host saved by ``wandb login --host`` lives in the relocated config dir).
+would otherwise write into ~/.cache/wandb and ~/.config/wandb). Self-hosted servers: the host
+saved by ``wandb login --host`` (or ``WANDB_BASE_URL``) is read before the config dir moves.
 
 Metrics use ``step`` (the optimizer step) as their x-axis (``define_metric``), so records
 logged out of order - a plan and a metrics line for the same step, a resumed run - are kept.
@@ -25,17 +25,21 @@ logged out of order - a plan and a metrics line for the same step, a resumed run
 
 from __future__ import annotations
 
+import configparser
 import math
+import netrc
 import os
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from megatron_snip.config import Config
 from megatron_snip.precision.plan import PrecisionPlan
 
 PLAN_COLUMNS = ("layer", "linear", "gemm", "format")
+COST_COLUMNS = ("layer", "linear", "gemm", "metric", "chosen")
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "+inf": math.inf}
 
 
@@ -51,7 +55,42 @@ def resolve_mode(mode: str, env: Mapping[str, str] | None = None) -> str:
         return forced
     if forced == "dryrun":  # W&B's old name for offline
         return "offline"
-    return "online" if env.get("WANDB_API_KEY") else "offline"
+    return "online" if login_key(env) else "offline"
+
+
+DEFAULT_BASE_URL = "https://api.wandb.ai"
+
+
+def base_url(env: Mapping[str, str] | None = None) -> str:
+    """The W&B server: ``$WANDB_BASE_URL``, else the ``base_url`` that ``wandb login --host``
+    saved in the user's W&B settings (``$WANDB_CONFIG_DIR`` or ~/.config/wandb), else wandb.ai."""
+    env = os.environ if env is None else env
+    if env.get("WANDB_BASE_URL"):
+        return env["WANDB_BASE_URL"]
+    config_dir = env.get("WANDB_CONFIG_DIR") or os.path.join(env.get("HOME", os.path.expanduser("~")), ".config", "wandb")
+    parser = configparser.ConfigParser()
+    try:
+        parser.read(os.path.join(config_dir, "settings"))
+    except configparser.Error:
+        return DEFAULT_BASE_URL
+    return parser.get("default", "base_url", fallback=DEFAULT_BASE_URL) or DEFAULT_BASE_URL
+
+
+def login_key(env: Mapping[str, str] | None = None) -> str | None:
+    """The API key W&B would use: ``$WANDB_API_KEY``, else the one ``wandb login`` stored in the
+    netrc file (``$NETRC`` or ~/.netrc) for the server's host; None when there is none."""
+    env = os.environ if env is None else env
+    if env.get("WANDB_API_KEY"):
+        return env["WANDB_API_KEY"]
+    host = urlparse(base_url(env)).hostname
+    path = env.get("NETRC") or os.path.join(env.get("HOME", os.path.expanduser("~")), ".netrc")
+    if not host or not os.path.isfile(path):
+        return None
+    try:
+        auth = netrc.netrc(path).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        return None
+    return auth[2] if auth and auth[2] else None
 
 
 def scalars(record: Mapping[str, Any], prefix: str = "") -> dict[str, float | int]:
@@ -120,6 +159,11 @@ class WandbSink:
         self.run_dir = Path(run_dir).resolve()
         self._info = info or (lambda msg: print(msg, file=sys.stderr, flush=True))
         wandb_dir = self.run_dir / "wandb"
+        # The config dir moves into the run directory below; keep the server `wandb login --host`
+        # saved there (the key itself lives in ~/.netrc, which W&B reads wherever its config is).
+        server = base_url(os.environ)
+        if server != DEFAULT_BASE_URL:
+            os.environ["WANDB_BASE_URL"] = server
         for var, path in (("WANDB_DIR", self.run_dir), ("WANDB_CACHE_DIR", wandb_dir / "cache"),
                           ("WANDB_CONFIG_DIR", wandb_dir / "config"), ("WANDB_DATA_DIR", wandb_dir / "data")):
             path.mkdir(parents=True, exist_ok=True)
@@ -187,14 +231,23 @@ class WandbSink:
             self.run.finish()
 
     # --- plans and figures ----------------------------------------------------------------
-    def log_plan(self, plan: PrecisionPlan, png_path: str | Path | None = None) -> None:
+    def log_plan(self, plan: PrecisionPlan, png_path: str | Path | None = None,
+                 costs: Mapping[Any, Mapping[str, float]] | None = None) -> None:
         """Log ``plan`` at ``plan.step``: a Table (layer, linear, gemm, format), its FP4 FLOP
-        share, its format counts and, when given, the precision-map PNG
-        (``telemetry.plots.plot_precision_map``)."""
+        share, its format counts, when given the precision-map PNG
+        (``telemetry.plots.plot_precision_map``) and, when given, the per-GEMM costs the plan
+        was solved from as a Table ``plan/costs`` (``COST_COLUMNS`` + one column per format:
+        ΔL for fprop rows, λ·ΔW for dgrad/wgrad rows, normalized as in snip/metrics.py)."""
         wandb = self._wandb
         table = wandb.Table(columns=list(PLAN_COLUMNS),
                             data=[[g.layer, g.linear, g.gemm, fmt] for g, fmt in plan.entries])
         data: dict[str, Any] = {"step": plan.step, "plan/table": table, "plan/fp4_flops_share": plan.fp4_flops_share}
+        if costs:
+            formats = sorted({f for per in costs.values() for f in per})
+            chosen = plan.as_dict()
+            rows = [[g.layer, g.linear, g.gemm, "dL" if g.gemm == "fprop" else "dW", chosen.get(g),
+                     *(float(per.get(f, math.nan)) for f in formats)] for g, per in sorted(costs.items())]
+            data["plan/costs"] = wandb.Table(columns=[*COST_COLUMNS, *formats], data=rows)
         data.update({f"plan/count/{fmt}": n for fmt, n in plan.format_counts().items()})
         if plan.objective is not None:
             data["plan/objective"] = plan.objective
@@ -204,6 +257,20 @@ class WandbSink:
                                                    f"{plan.fp4_flops_share:.3f}, hash {plan.hash}")
         if not self._closed:
             self.run.log(data)
+
+    def log_final_plan(self, plan: PrecisionPlan, png_path: str | Path, step: int) -> None:
+        """Log the plan in force at the end of training: its precision map (``final/map``), its
+        table (``final/table``) and its FP4 share / hash in the run summary."""
+        wandb = self._wandb
+        data = {"step": step, "final/table": wandb.Table(columns=list(PLAN_COLUMNS),
+                                                         data=[[g.layer, g.linear, g.gemm, f] for g, f in plan.entries]),
+                "final/map": wandb.Image(str(self._existing(png_path)),
+                                         caption=f"final plan: step {plan.step}, {plan.policy}, FP4 share "
+                                                 f"{plan.fp4_flops_share:.3f}, hash {plan.hash}")}
+        if not self._closed:
+            self.run.log(data)
+            self.run.summary.update({"final/fp4_flops_share": plan.fp4_flops_share, "final/plan_hash": plan.hash,
+                                     "final/plan_step": plan.step})
 
     def log_timeline(self, png_path: str | Path, step: int | None = None) -> None:
         """Log the plan-timeline PNG (``telemetry.plots.plot_timeline``), at ``step`` if given."""

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from megatron_snip.config import Config
 from megatron_snip.parallel.topology import ParallelTopology
 from megatron_snip.training.trainer import Trainer
 
 
-def run_training(cfg: Config, topo: ParallelTopology | None = None) -> dict[str, float]:
-    """Train as ``cfg`` says on this rank of ``topo`` (None: one process); returns the final evaluation."""
+def run_training(cfg: Config, topo: ParallelTopology | None = None, callbacks: list[Any] | None = None) -> dict[str, float]:
+    """Train as ``cfg`` says on this rank of ``topo`` (None: one process); returns the final evaluation.
+
+    ``callbacks`` run before the SNIP controller's (e.g. the heartbeat that reports the step)."""
     trainer = Trainer(cfg, topo)
-    callbacks = []
+    callbacks = list(callbacks or [])
     if cfg.snip.enabled:
         from megatron_snip.snip.controller import SnipController
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ from megatron_snip.config import Config
 from megatron_snip.data.dataset import GPTDataset
 from megatron_snip.data.pipeline import DataBundle, build_data
 from megatron_snip.model.llama import LlamaModel, pad_vocab
+from megatron_snip.model.shapes import linear_numel, model_linear_shapes
 from megatron_snip.parallel import comm
 from megatron_snip.parallel.ddp import GradReducer
 from megatron_snip.parallel.pipeline import schedule_for
@@ -44,14 +46,14 @@ from megatron_snip.parallel.topology import ParallelTopology
 from megatron_snip.precision.backends import Backend, get_backend
 from megatron_snip.precision.capability import require
 from megatron_snip.precision.plan import GemmId, PrecisionPlan, all_gemm_ids
-from megatron_snip.model.shapes import linear_numel, model_linear_shapes
 from megatron_snip.snip.host import Replan
-from megatron_snip.telemetry.logger import RunLogger
+from megatron_snip.telemetry.logger import RunLogger, peak_memory, step_line
 from megatron_snip.telemetry.wandb_sink import WandbSink
 from megatron_snip.training import checkpoint as ckpt
 from megatron_snip.training.lr import lr_at
-from megatron_snip.training.resume_check import compare
 from megatron_snip.training.optim import build_optimizer
+from megatron_snip.training.preemption import StopSignal, TrainingPreempted
+from megatron_snip.training.resume_check import compare
 
 
 class TrainingStopped(RuntimeError):
@@ -63,6 +65,23 @@ class StepResult:
     loss: float
     grad_norm: float
     skipped: bool
+
+
+class _LogWindow:
+    """Steps since the last log line: summed loss of the non-skipped ones and wall time."""
+
+    def __init__(self) -> None:
+        self.steps, self.seconds, self.loss_sum, self.loss_count = 0, 0.0, 0.0, 0
+
+    def add(self, res: StepResult, dt: float) -> None:
+        self.steps += 1
+        self.seconds += dt
+        if not res.skipped:
+            self.loss_sum += res.loss
+            self.loss_count += 1
+
+    def mean_loss(self) -> float:
+        return self.loss_sum / self.loss_count if self.loss_count else math.nan
 
 
 def resolve_device(name: str) -> torch.device:
@@ -84,8 +103,11 @@ def resolve_initial_plan(cfg: Config, gemm_ids: list[GemmId], linear_numel: dict
     """``precision.initial_plan``: "bf16", "uniform:<format>", a baseline policy spec, or a plan JSON path."""
     spec = cfg.precision.initial_plan
     num_layers = cfg.model.num_layers
-    if spec.endswith(".json") or Path(spec).is_file():
-        plan = PrecisionPlan.load(spec)
+    if _looks_like_path(spec):
+        try:
+            plan = PrecisionPlan.load(spec, linear_numel)
+        except ValueError as e:
+            raise ValueError(f"config precision.initial_plan={spec!r}: {e}") from None
     elif spec == "bf16":
         plan = PrecisionPlan.uniform("bf16", num_layers, linear_numel, policy="bf16")
     elif spec.startswith("uniform:"):
@@ -99,6 +121,12 @@ def resolve_initial_plan(cfg: Config, gemm_ids: list[GemmId], linear_numel: dict
         plan = make_plan(spec, PlanContext.for_run(cfg.snip, num_layers, linear_numel, cfg.parallel.pp))
     plan.validate(gemm_ids)
     return plan
+
+
+def _looks_like_path(spec: str) -> bool:
+    """A file name rather than a policy spec: it exists, has a folder part or a file suffix
+    (policy specs are ``name[:args]`` with no ``/`` and no ``.json``/``.txt`` ending)."""
+    return Path(spec).exists() or "/" in spec or os.sep in spec or Path(spec).suffix.lower() in (".json", ".txt")
 
 
 class Trainer:
@@ -186,13 +214,23 @@ class Trainer:
         return get_backend(p.backend, compiled=p.compile_quantizers)  # emulated or torch
 
     def _build_data(self) -> DataBundle:
-        # Rank 0 tokenizes into the cache first; the others then only read it.
+        # Rank 0 tokenizes into the cache (once per job, on shared storage if data.cache_dir is)
+        # and checks the data first; the others then only read it - or raise rank 0's error
+        # instead of waiting for it in a collective.
         world = self.topo.world_group
         if self.topo.is_distributed and not self.is_writer:
-            comm.barrier(world)
-        data = build_data(self.cfg, is_writer=self.is_writer)
-        if self.topo.is_distributed and self.is_writer:
-            comm.barrier(world)
+            error = comm.broadcast_object(None, 0, world)
+            if error:
+                raise ValueError(error)
+            return build_data(self.cfg, is_writer=False)
+        try:
+            data = build_data(self.cfg, is_writer=self.is_writer)
+        except ValueError as e:
+            if self.topo.is_distributed:
+                comm.broadcast_object(str(e), 0, world)
+            raise
+        if self.topo.is_distributed:
+            comm.broadcast_object(None, 0, world)
         return data
 
     # --- precision (the SNIP host: snip/host.py) --------------------------------------
@@ -249,20 +287,21 @@ class Trainer:
         png = plans_dir / f"step_{step:06d}.png"
         plot_precision_map(plan, png)
         if self.wandb is not None:
-            self.wandb.log_plan(plan, png)
+            self.wandb.log_plan(plan, png, costs=replan.costs)
 
     def record_plan_summary(self) -> None:
         """End of run, on the writer: ``precision_map.png`` (the final plan) and ``timeline.png``
-        (every recorded plan), the timeline also to W&B."""
+        (every recorded plan), both also to W&B."""
         if not self.is_writer:
             return
         from megatron_snip.telemetry.plots import plot_precision_map, plot_timeline
 
-        plot_precision_map(self.plan, self.run_dir / "precision_map.png",
-                           title=f"final plan ({self.plan.policy}, step {self.plan.step})")
+        final_map = self.run_dir / "precision_map.png"
+        plot_precision_map(self.plan, final_map, title=f"final plan ({self.plan.policy}, step {self.plan.step})")
         timeline = self.run_dir / "timeline.png"
         plot_timeline(self.plan_history, timeline)
         if self.wandb is not None:
+            self.wandb.log_final_plan(self.plan, final_map, step=self.step)
             self.wandb.log_timeline(timeline, step=self.step)
 
     def _check_plan_shapes(self, plan: PrecisionPlan) -> None:
@@ -413,7 +452,11 @@ class Trainer:
 
     # --- loop -----------------------------------------------------------------------
     def fit(self, callbacks: list[Any] | None = None) -> dict[str, float]:
-        """Train from ``self.step`` to ``max_steps``; returns the last evaluation."""
+        """Train from ``self.step`` to ``max_steps``; returns the last evaluation.
+
+        Every ``log_interval`` steps rank 0 prints one line (``telemetry.logger.step_line``),
+        whatever the progress bar does. SIGTERM/SIGUSR1 (``training.preemption``) make every
+        rank stop at the next step boundary, save a checkpoint and raise ``TrainingPreempted``."""
         t = self.cfg.training
         callbacks = callbacks or []
         tokens_per_step = t.global_batch_size * t.seq_len
@@ -421,44 +464,85 @@ class Trainer:
             self.logger.info(f"model: {self.grads.global_numel() / 1e6:.2f}M parameters, vocab {self.vocab_size}, "
                              f"{self.topo.describe()}, device {self.device}, autocast {self.autocast_dtype}, "
                              f"plan {self.plan.policy} (FP4 share {self.plan.fp4_flops_share:.2f})")
+        flops_per_step = self._model_flops_per_step()
+        window = _LogWindow()
+        fit_start, first_step = time.perf_counter(), self.step
         last_eval: dict[str, float] = {}
-        while self.step < t.max_steps:
-            step = self.step
-            for cb in callbacks:
-                cb.before_step(self, step)
-            t0 = time.perf_counter()
-            res = self.train_step(step)
-            dt = time.perf_counter() - t0
-            self.step = step + 1
-            if res.skipped:
-                self.skipped_steps += 1
-                self.consecutive_skips += 1
-                self.logger.info(f"step {step}: non-finite loss={res.loss} grad_norm={res.grad_norm}; step skipped "
-                                 f"({self.consecutive_skips} in a row, {self.skipped_steps} total)")
-                if self.consecutive_skips >= t.max_consecutive_skips:
-                    raise TrainingStopped(
-                        f"{self.consecutive_skips} consecutive non-finite steps (training.max_consecutive_skips="
-                        f"{t.max_consecutive_skips}) at step {step}; weights are those of the last good step. "
-                        f"Lower training.lr, raise precision (e.g. precision.initial_plan=bf16) or check the data")
-            else:
-                self.consecutive_skips = 0
-            metrics: dict[str, Any] = {}
-            if self.step % t.log_interval == 0 or res.skipped or self.step == t.max_steps:
-                metrics.update(loss=res.loss, lr=lr_at(step, t), grad_norm=res.grad_norm, step_time_s=dt,
-                               tokens_per_s=tokens_per_step / dt, skipped_steps=self.skipped_steps,
-                               fp4_share=self.plan.fp4_flops_share)
-            if self.step % t.eval_interval == 0 or self.step == t.max_steps:
-                last_eval = self.evaluate()
-                metrics.update(last_eval)
-                self.logger.info(f"step {self.step}: " + " ".join(f"{k}={v:.4f}" for k, v in last_eval.items()))
-            if metrics:
-                self.logger.log_metrics(self.step, metrics)
-            self.logger.progress(self.step, loss=res.loss, tok_s=int(tokens_per_step / dt))
-            if (t.save_interval and self.step % t.save_interval == 0) or self.step == t.max_steps:
-                self.save()
-            for cb in callbacks:
-                cb.after_step(self, step)
+        with StopSignal() as stop:
+            while self.step < t.max_steps:
+                step = self.step
+                for cb in callbacks:
+                    cb.before_step(self, step)
+                t0 = time.perf_counter()
+                res = self.train_step(step)
+                dt = time.perf_counter() - t0
+                self.step = step + 1
+                window.add(res, dt)
+                if res.skipped:
+                    self.skipped_steps += 1
+                    self.consecutive_skips += 1
+                    self.logger.info(f"step {step}: non-finite loss={res.loss} grad_norm={res.grad_norm}; step skipped "
+                                     f"({self.consecutive_skips} in a row, {self.skipped_steps} total)")
+                    if self.consecutive_skips >= t.max_consecutive_skips:
+                        raise TrainingStopped(
+                            f"{self.consecutive_skips} consecutive non-finite steps (training.max_consecutive_skips="
+                            f"{t.max_consecutive_skips}) at step {step}; weights are those of the last good step. "
+                            f"Lower training.lr, raise precision (e.g. precision.initial_plan=bf16) or check the data")
+                else:
+                    self.consecutive_skips = 0
+                metrics: dict[str, Any] = {}
+                if self.step % t.log_interval == 0 or res.skipped or self.step == t.max_steps:
+                    metrics.update(loss=res.loss, lr=lr_at(step, t), grad_norm=res.grad_norm, step_time_s=dt,
+                                   tokens_per_s=tokens_per_step / dt, skipped_steps=self.skipped_steps,
+                                   fp4_share=self.plan.fp4_flops_share)
+                if self.step % t.log_interval == 0 or self.step == t.max_steps:
+                    elapsed = time.perf_counter() - fit_start
+                    per_step = elapsed / (self.step - first_step)
+                    self.logger.info(step_line(
+                        self.step, t.max_steps, loss=window.mean_loss(), lr=lr_at(step, t), grad_norm=res.grad_norm,
+                        tokens_per_s=tokens_per_step * window.steps / window.seconds,
+                        tflops_per_rank=None if flops_per_step is None else
+                        flops_per_step * window.steps / window.seconds / self.topo.world_size / 1e12,
+                        peak_memory=peak_memory(self.device), skipped=self.skipped_steps,
+                        fp4_share=self.plan.fp4_flops_share, elapsed_s=elapsed,
+                        eta_s=per_step * (t.max_steps - self.step)))
+                    window = _LogWindow()
+                if self.step % t.eval_interval == 0 or self.step == t.max_steps:
+                    last_eval = self.evaluate()
+                    metrics.update(last_eval)
+                    self.logger.info(f"step {self.step}: " + " ".join(f"{k}={v:.4f}" for k, v in last_eval.items()))
+                if metrics:
+                    self.logger.log_metrics(self.step, metrics)
+                self.logger.progress(self.step, loss=res.loss, tok_s=int(tokens_per_step / dt))
+                saved = (t.save_interval and self.step % t.save_interval == 0) or self.step == t.max_steps
+                if saved:
+                    self.save()
+                for cb in callbacks:
+                    cb.after_step(self, step)
+                if self._stop_requested(stop):
+                    if not saved:
+                        self.save()
+                    raise TrainingPreempted(
+                        f"received {stop.received.name if stop.received else 'a stop signal (on another rank)'} "
+                        f"during step {step}: checkpoint {ckpt.step_dir(self.ckpt_root, self.step)} written; "
+                        f"resume with training.resume=auto (the launchers' default)")
         return last_eval
+
+    def _stop_requested(self, stop: StopSignal) -> bool:
+        """Whether any rank received a preemption signal (one decision for all ranks)."""
+        flag = torch.tensor(1.0 if stop.received is not None else 0.0, device=self.device)
+        if self.topo.is_distributed:
+            comm.all_reduce_max(flag, self.topo.world_group)
+        return bool(flag.item() > 0)
+
+    def _model_flops_per_step(self) -> float | None:
+        """Training FLOPs of one optimizer step over all ranks (``sizing.estimate``), None if unknown."""
+        from megatron_snip.sizing import estimate
+
+        try:
+            return float(estimate(self.cfg, self.topo.world_size).flops_total)
+        except (ValueError, KeyError):
+            return None
 
     # --- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -3,8 +3,10 @@ the fix - never a traceback, a hang or a silently wrong result (issue #17, items
 
 from __future__ import annotations
 
+import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -96,3 +98,148 @@ def test_non_finite_snip_statistics_keep_the_previous_plan(small_overrides, monk
     assert "re-plan at step 1: starting" in out
     assert "re-plan at step 1: non-finite SNIP statistics for 1 GEMM(s), e.g. ['0.qkv.fprop']; keeping the previous plan" in out
     assert math.isfinite(final["val_loss"])
+
+
+# --- item 8: data files --------------------------------------------------------------------------
+def _bin_corpus(tmp_path, tokens, dtype=np.uint16):
+    from megatron_snip.data.indexed import IndexedDatasetBuilder
+
+    prefix = tmp_path / "corpus" / "c"
+    with IndexedDatasetBuilder(prefix, dtype) as b:
+        for i in range(8):
+            b.add_document(np.asarray(tokens, dtype=dtype) + (0 if np.issubdtype(dtype, np.floating) else i % 2))
+    return str(prefix)
+
+
+def _data_error(small_overrides, *extra):
+    with pytest.raises(ValueError) as e:
+        Trainer(load_config(TINY, small_overrides + list(extra)))
+    return str(e.value)
+
+
+def test_plain_text_named_gz_names_the_file(small_overrides, tmp_path):
+    p = tmp_path / "c.jsonl.gz"
+    p.write_text('{"text": "hello"}\n')
+    msg = _data_error(small_overrides, f"data.train_path={p}")
+    assert f"{p}: not a valid gzip file" in msg and "drop the .gz suffix" in msg, msg
+
+
+def test_random_bytes_jsonl_names_the_file(small_overrides, tmp_path):
+    p = tmp_path / "c.jsonl"
+    p.write_bytes(bytes(range(128, 256)) * 8)
+    msg = _data_error(small_overrides, f"data.train_path={p}")
+    assert f"{p}:1: not UTF-8 text" in msg, msg
+
+
+def test_binary_toml_names_the_file(tmp_path):
+    p = tmp_path / "cfg.toml"
+    p.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(ValueError, match=rf"config file '{p}' is not UTF-8 text"):
+        load_config(p)
+
+
+@pytest.mark.parametrize("tokens, dtype, words", [
+    (list(range(300, 400)), np.uint16, "token ids in [300, 400] but the tokenizer (data.tokenizer='byte') has ids [0, 320)"),
+    (list(range(-5, 100)), np.int32, "token ids in [-5, 100]"),
+    ([float(x) for x in range(100)], np.float32, "holds float32 values, not token ids"),
+])
+def test_token_files_the_model_cannot_use(small_overrides, tmp_path, tokens, dtype, words):
+    prefix = _bin_corpus(tmp_path, tokens, dtype)
+    msg = _data_error(small_overrides, f"data.train_path={prefix}")
+    assert f"corpus {prefix!r}" in msg and words in msg, msg
+
+
+def test_changed_dtype_byte_and_negative_length_are_named(tmp_path):
+    from megatron_snip.data.indexed import IndexedDataset, idx_path
+
+    prefix = _bin_corpus(tmp_path, list(range(100)), np.uint16)
+    raw = bytearray(open(idx_path(prefix), "rb").read())
+    raw[17] = 4  # int32: pointers now disagree (2-byte tokens written)
+    open(idx_path(prefix), "wb").write(bytes(raw))
+    with pytest.raises(ValueError, match=r"dtype code 4 \(int32, 4-byte tokens\) disagrees with the sequence pointers, "
+                                         r"which imply 2-byte tokens"):
+        IndexedDataset(prefix)
+    raw[17] = 8
+    raw[34:38] = (-3).to_bytes(4, "little", signed=True)
+    open(idx_path(prefix), "wb").write(bytes(raw))
+    with pytest.raises(ValueError, match=r"sequence 0 has negative length -3"):
+        IndexedDataset(prefix)
+
+
+# --- item 9: paths ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("field", ["training.run_dir", "data.cache_dir"])
+def test_directory_field_pointing_at_a_file(small_overrides, tmp_path, field):
+    f = tmp_path / "a_file"
+    f.write_text("x")
+    over = [o for o in small_overrides if not o.startswith(field)] + [f"{field}={f}"]
+    assert _data_error(over) == f"config {field}='{f}' is a file, not a directory; choose a directory path"
+
+
+@pytest.mark.parametrize("field", ["training.run_dir", "data.cache_dir"])
+def test_unwritable_directory_field(small_overrides, field):
+    over = [o for o in small_overrides if not o.startswith(field)] + [f"{field}=/proc/megatron_snip_test"]
+    msg = _data_error(over)
+    assert msg.startswith(f"config {field}='/proc/megatron_snip_test' is not a writable directory") \
+        and "choose a directory you can write to" in msg, msg
+
+
+# --- item 10: plan files ---------------------------------------------------------------------------
+def _plan_json(cfg):
+    from megatron_snip.precision.plan import PrecisionPlan
+    from megatron_snip.snip.costs import linear_numel, model_linear_shapes
+
+    return json.loads(PrecisionPlan.uniform("bf16", cfg.model.num_layers,
+                                            linear_numel(model_linear_shapes(cfg.model))).to_json())
+
+
+@pytest.mark.parametrize("content, words", [
+    ("5", "plan JSON is a number, not an object"),
+    ('{"entries": [["0.qkv.fprop", "fp8"]]}', "'entries' is a list; it must be an object"),
+    ("FORMAT_LIST", "plan entry 0.qkv.fprop=['fp8'] is not a known format name"),
+    ("EXTRA_LIST", "plan JSON 'extra' is a list"),
+    ("{not json", "is not valid JSON"),
+    ("", "is empty"),
+    (b"\x89PNG\r\n\x1a\n\xff\xfe", "is not UTF-8 text"),
+    ("STEP_ABC", "plan JSON 'step'='abc' must be a non-negative integer"),
+    ("CLAIM", "claims fp4_flops_share=0.95 but its entries put 0.0000 of the linear-layer FLOPs in FP4"),
+])
+def test_bad_plan_files_name_the_file(small_overrides, tmp_path, content, words):
+    cfg = load_config(TINY, small_overrides)
+    good = _plan_json(cfg)
+    good.pop("hash")
+    if content == "FORMAT_LIST":
+        good["entries"]["0.qkv.fprop"] = ["fp8"]
+        content = json.dumps(good)
+    elif content == "EXTRA_LIST":
+        good["extra"] = [1, 2]
+        content = json.dumps(good)
+    elif content == "STEP_ABC":
+        good["step"] = "abc"
+        content = json.dumps(good)
+    elif content == "CLAIM":
+        good["fp4_flops_share"] = 0.95  # an all-bf16 plan claiming FP4
+        content = json.dumps(good)
+    p = tmp_path / "plan.json"
+    p.write_bytes(content if isinstance(content, bytes) else content.encode())
+    msg = _data_error(small_overrides, f"precision.initial_plan={p}")
+    assert f"precision plan file '{p}'" in msg and words in msg, msg
+
+
+def test_bom_prefixed_plan_file_loads(small_overrides, tmp_path):
+    cfg = load_config(TINY, small_overrides)
+    p = tmp_path / "plan.json"
+    p.write_bytes(b"\xef\xbb\xbf" + json.dumps(_plan_json(cfg)).encode())
+    tr = Trainer(load_config(TINY, small_overrides + [f"precision.initial_plan={p}"]))
+    assert tr.plan.fp4_flops_share == 0.0
+    tr.logger.close()
+
+
+@pytest.mark.parametrize("make, words", [("dir", "is a directory"), ("txt", "does not exist")])
+def test_plan_path_that_is_a_directory_or_missing(small_overrides, tmp_path, make, words):
+    p = tmp_path / "plans"
+    if make == "dir":
+        p.mkdir()
+    else:
+        p = tmp_path / "plan.txt"
+    msg = _data_error(small_overrides, f"precision.initial_plan={p}")
+    assert f"precision plan file '{p}' {words}" in msg and "unknown policy" not in msg, msg

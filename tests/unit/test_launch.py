@@ -4,6 +4,7 @@ run for real against stand-in `torchrun` / `srun` executables that print their a
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -39,12 +40,19 @@ def test_expand_nodelist_rejects_malformed(bad):
 def test_torchrun_command_from_slurm_variables():
     overrides = ["training.max_steps=10", "training.run_dir=runs/a b"]
     cmd = torchrun_command(SLURM, "launch/configs/llama_70b.toml", overrides)
+    # srun runs the torchrun of this environment ($PYTHON), not the first one on the nodes' PATH;
+    # resume=auto comes first so that a requeued/restarted job continues (and an override wins).
     assert cmd == [
-        "torchrun", "--nnodes=4", "--nproc_per_node=8", "--rdzv_backend=c10d",
-        f"--rdzv_endpoint=node01:{15000 + 123456 % 15000}", "--rdzv_id=123456",
-        "-m", "megatron_snip.train", "--config", "launch/configs/llama_70b.toml",
+        sys.executable, "-m", "torch.distributed.run", "--nnodes=4", "--nproc_per_node=8", "--rdzv_backend=c10d",
+        f"--rdzv_endpoint=node01:{15000 + 123456 % 15000}", "--rdzv_id=123456", "--max-restarts=3",
+        "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", "--shutdown-timeout=240",
+        "-m", "megatron_snip.train", "--config", "launch/configs/llama_70b.toml", "--set", "training.resume=auto",
         "--set", "training.max_steps=10", "--set", "training.run_dir=runs/a b",
     ]
+    cmd = torchrun_command({**SLURM, "MAX_RESTARTS": "0", "SHUTDOWN_TIMEOUT": "60"}, "c.toml")
+    assert "--max-restarts=0" in cmd and "--shutdown-timeout=60" in cmd
+    with pytest.raises(ValueError, match=r"MAX_RESTARTS='-1' must be a non-negative integer"):
+        torchrun_command({**SLURM, "MAX_RESTARTS": "-1"}, "c.toml")
 
 
 def test_port_override_and_older_variable_names():
@@ -110,9 +118,12 @@ def _run(script, args, fake_bin, **env):
 def test_torchrun_sh_passes_config_and_overrides_through(fake_bin):
     res = _run(TORCHRUN_SH, ["4", "launch/configs/tiny.toml", "--set", "parallel.tp=2", "--dry-run"], fake_bin)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.splitlines() == ["torchrun", "--standalone", "--nnodes=1", "--nproc_per_node=4", "-m",
-                                       "megatron_snip.train", "--config", "launch/configs/tiny.toml",
+    assert res.stdout.splitlines() == ["torchrun", "--standalone", "--nnodes=1", "--nproc_per_node=4",
+                                       "--max-restarts=0", "-m", "megatron_snip.train", "--config",
+                                       "launch/configs/tiny.toml", "--set", "training.resume=auto",
                                        "--set", "parallel.tp=2", "--dry-run"]
+    res = _run(TORCHRUN_SH, ["launch/configs/tiny.toml"], fake_bin, MAX_RESTARTS="2")
+    assert "--max-restarts=2" in res.stdout.splitlines()
     res = _run(TORCHRUN_SH, ["launch/configs/tiny.toml"], fake_bin, NPROC="2")
     assert "--nproc_per_node=2" in res.stdout.splitlines()
     res = _run(TORCHRUN_SH, ["launch/configs/tiny.toml"], fake_bin, NPROC="zero")
@@ -135,3 +146,32 @@ def test_sbatch_stops_on_a_bad_allocation(fake_bin):
     assert res.returncode == 2 and "does not match" in res.stderr and "srun" not in res.stdout
     res = _run(SBATCH, ["launch/configs/missing.toml"], fake_bin, **SLURM)
     assert res.returncode == 2 and "does not exist" in res.stderr
+
+
+def test_sbatch_forwards_the_time_limit_warning_and_requeues(tmp_path, fake_bin):
+    # srun stand-in: runs until it gets SIGUSR1 (what the workers' checkpoint-and-exit looks like
+    # from here), then exits 75; scontrol stand-in prints its arguments.
+    (fake_bin / "srun").write_text('#!/usr/bin/env bash\ntrap \'echo srun-got-USR1; exit 75\' USR1\n'
+                                   'echo srun-started\nwhile true; do sleep 0.1; done\n')
+    (fake_bin / "scontrol").write_text('#!/usr/bin/env bash\nprintf "%s\\n" scontrol "$@"\n')
+    (fake_bin / "scontrol").chmod(0o755)
+    slurm = {**SLURM, "SLURM_CPUS_ON_NODE": "96", "SLURM_SUBMIT_DIR": str(REPO)}
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))}
+    env = {**base, "PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}", "PYTHON": sys.executable,
+           "PYTHONPATH": str(REPO), **slurm}
+    proc = subprocess.Popen(["bash", str(SBATCH), "launch/configs/tiny.toml"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line.rstrip("\n"))
+        if line.startswith("srun-started"):
+            proc.send_signal(signal.SIGUSR1)  # what #SBATCH --signal=B:USR1@300 delivers
+            break
+    out, err = proc.communicate(timeout=60)
+    lines += out.splitlines()
+    assert "srun-got-USR1" in lines, (lines, err)
+    assert lines[-4:] == ["job 123456: requeued; it resumes from the latest verified checkpoint",
+                          "scontrol", "requeue", "123456"], lines
+    assert proc.returncode == 75, (proc.returncode, err)
+    text = SBATCH.read_text()
+    assert "#SBATCH --signal=B:USR1@300" in text and "#SBATCH --requeue" in text

@@ -15,7 +15,7 @@ import pytest
 from megatron_snip.config import load_config
 from megatron_snip.precision.plan import GemmId, PrecisionPlan, all_gemm_ids
 from megatron_snip.telemetry.logger import RunLogger
-from megatron_snip.telemetry.wandb_sink import WandbSink, resolve_mode, scalars
+from megatron_snip.telemetry.wandb_sink import WandbSink, base_url, login_key, resolve_mode, scalars
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -31,6 +31,24 @@ def test_mode_resolution():
     assert resolve_mode("offline", {"WANDB_API_KEY": "k"}) == "offline"
     with pytest.raises(ValueError, match="logging.wandb_mode"):
         resolve_mode("cloud", {})
+
+
+def test_auto_mode_honours_wandb_login(tmp_path):
+    """`wandb login` stores the key in ~/.netrc (not WANDB_API_KEY): auto must go online with it,
+    for the host `wandb login --host` saved in the user's W&B settings."""
+    home = tmp_path / "home"
+    (home / ".config" / "wandb").mkdir(parents=True)
+    env = {"HOME": str(home)}
+    assert resolve_mode("auto", env) == "offline"
+    (home / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password k123\n")
+    assert resolve_mode("auto", env) == "online" and login_key(env) == "k123"
+    (home / ".config" / "wandb" / "settings").write_text("[default]\nbase_url = https://wandb.example.com\n")
+    assert base_url(env) == "https://wandb.example.com"
+    assert resolve_mode("auto", env) == "offline"  # the key is for another host
+    other = tmp_path / "netrc"
+    other.write_text("machine wandb.example.com login user password k456\n")
+    assert login_key({**env, "NETRC": str(other)}) == "k456"
+    assert resolve_mode("auto", {**env, "NETRC": str(other)}) == "online"
 
 
 def test_scalars_keeps_numbers_and_restores_nonfinite():
@@ -211,3 +229,13 @@ def test_offline_wandb_run_of_a_snip_training(small_overrides, tmp_path, monkeyp
     assert any("plan/map.path" in h for h in history) and any("plan/timeline.path" in h for h in history)
     assert any("replan_stats_s" in h for h in history)
     assert (tmp_path / "run" / "timeline.png").read_bytes().startswith(PNG_MAGIC)
+    # Per-GEMM costs (ΔL for fprop, λ·ΔW for dgrad/wgrad) behind each SNIP plan, and the final map.
+    files_dir = next((tmp_path / "run").glob("wandb/offline-run-*/files"))
+    cost_rows = [h for h in history if "plan/costs.path" in h]
+    assert sorted(h["step"] for h in cost_rows) == [1, 3]
+    costs = json.loads((files_dir / cost_rows[0]["plan/costs.path"]).read_text())
+    assert costs["columns"] == ["layer", "linear", "gemm", "metric", "chosen", "fp8", "nvfp4"]
+    assert len(costs["data"]) == 2 * 4 * 3 and {r[3] for r in costs["data"]} == {"dL", "dW"}
+    assert all(r[3] == ("dL" if r[2] == "fprop" else "dW") and r[4] in ("fp8", "nvfp4") for r in costs["data"])
+    (final,) = [h for h in history if "final/map.path" in h]
+    assert (files_dir / final["final/map.path"]).read_bytes().startswith(PNG_MAGIC) and "final/table.path" in final
