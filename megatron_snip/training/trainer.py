@@ -31,7 +31,7 @@ import torch
 from megatron_snip.atomic_io import atomic_write_text
 from megatron_snip.config import Config
 from megatron_snip.data.pipeline import DataBundle, build_data
-from megatron_snip.model.llama import LlamaModel, pad_vocab
+from megatron_snip.model.llama import LlamaModel
 from megatron_snip.parallel import comm
 from megatron_snip.parallel.ddp import GradReducer
 from megatron_snip.parallel.pipeline import run_schedule
@@ -43,8 +43,10 @@ from megatron_snip.snip.costs import linear_numel, model_linear_shapes
 from megatron_snip.telemetry.logger import RunLogger
 from megatron_snip.telemetry.wandb_sink import WandbSink
 from megatron_snip.training import checkpoint as ckpt
+from megatron_snip.training.init_from import init_from
 from megatron_snip.training.lr import lr_at
 from megatron_snip.training.optim import build_optimizer
+from megatron_snip.training.vocab_check import check_data_tokenizer, model_vocab_size
 
 
 class TrainingStopped(RuntimeError):
@@ -114,13 +116,8 @@ class Trainer:
         self.is_writer = self.topo.rank == 0
 
         self.data: DataBundle = self._build_data()
-        self.vocab_size = cfg.model.vocab_size or pad_vocab(self.data.tokenizer.vocab_size)
-        if self.vocab_size < self.data.tokenizer.vocab_size:
-            raise ValueError(f"config model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's "
-                             f"{self.data.tokenizer.vocab_size}; set it to 0 to take the tokenizer's")
-        if self.vocab_size % self.topo.tp:
-            raise ValueError(f"config model.vocab_size={self.vocab_size} must be divisible by parallel.tp={self.topo.tp} "
-                             f"(vocab-parallel embedding); set it to a multiple of {64 * self.topo.tp}")
+        self.vocab_size = model_vocab_size(cfg, self.data.tokenizer, self.topo.tp)
+        check_data_tokenizer(cfg, self.data.tokenizer, self.vocab_size)
 
         # Same seed on every rank: each builds the full weights of its parameters and keeps its slice.
         torch.manual_seed(t.seed)
@@ -154,6 +151,9 @@ class Trainer:
                                           sinks=[self.wandb] if self.wandb else [])
         if self.is_writer:
             atomic_write_text(self.run_dir / "config.toml", cfg.to_toml())
+        if t.init_from and not (t.resume and ckpt.latest_checkpoint(self.ckpt_root) is not None):
+            self.logger.info(init_from(t.init_from, self.model, self.optimizer, cfg,
+                                       tp_rank=self.topo.tp_rank, pp_rank=self.topo.pp_rank))
         if t.resume:
             self.load_latest()
         self.apply_plan(self.plan, record=not t.resume)
@@ -409,7 +409,8 @@ class Trainer:
         if (meta.get("tp", 1), meta.get("pp", 1)) != (self.topo.tp, self.topo.pp):
             raise ValueError(f"checkpoint {ckpt.step_dir(self.ckpt_root, step)} was saved with tp={meta.get('tp')} "
                              f"pp={meta.get('pp')}, this run has parallel.tp={self.topo.tp} parallel.pp={self.topo.pp}; "
-                             f"resume with the same layout")
+                             f"resume with the same layout, or convert it: python scripts/reshard_checkpoint.py "
+                             f"{self.run_dir} --tp {self.topo.tp} --pp {self.topo.pp}")
         state = ckpt.read_shard(self.ckpt_root, step, self.topo.tp_rank, self.topo.pp_rank)
         layout = state.get("layout")
         if layout is not None and layout["layers"] != list(self.model.layer_ids):
