@@ -24,12 +24,14 @@ setup(
         "numpy>=1.24",
         "ortools>=9.10",
         "tokenizers>=0.15",
+        "safetensors>=0.4",  # Hugging Face checkpoints (interop/hf.py)
         "tqdm>=4.60",
         "matplotlib>=3.7",
         "wandb>=0.17",
     ],
     extras_require={
-        "dev": ["pytest>=7", "ml_dtypes>=0.4", "scipy>=1.10"],
+        # transformers: the reference the HF import/export tests compare against (never imported at run time)
+        "dev": ["pytest>=7", "ml_dtypes>=0.4", "scipy>=1.10", "transformers>=4.45"],
         "gpu": ["transformer-engine[pytorch]>=2.8"],
     },
     entry_points={"console_scripts": ["megatron-snip=megatron_snip.train:main"]},

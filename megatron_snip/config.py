@@ -52,6 +52,12 @@ class ModelConfig:
     vocab_size: int = 0  # 0 = take it from the tokenizer (padded to a multiple of 64)
     max_position_embeddings: int = 4096  # longest sequence RoPE tables are built for
     rope_base: float = 10000.0
+    # "none" (plain RoPE) or "llama3" (Llama 3.1's frequency scaling with the four rope_* fields below)
+    rope_scaling: str = "none"
+    rope_scaling_factor: float = 8.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_position: int = 8192  # the context length the unscaled RoPE was trained at
     norm_eps: float = 1e-5
     init_std: float = 0.02  # normal init of weights; output projections scaled by 1/sqrt(2*num_layers)
 
@@ -59,6 +65,13 @@ class ModelConfig:
         _finite("model", self)
         _positive("model", self, "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
                   "num_kv_heads", "max_position_embeddings", "rope_base", "norm_eps", "init_std")
+        if self.rope_scaling not in ("none", "llama3"):
+            raise _err("model.rope_scaling", self.rope_scaling, "choose 'none' or 'llama3'")
+        if self.rope_scaling == "llama3":
+            _positive("model", self, "rope_scaling_factor", "rope_low_freq_factor", "rope_original_max_position")
+            if self.rope_high_freq_factor <= self.rope_low_freq_factor:
+                raise _err("model.rope_high_freq_factor", self.rope_high_freq_factor,
+                           f"must exceed model.rope_low_freq_factor={self.rope_low_freq_factor} (Llama 3.1: 4 and 1)")
         if self.vocab_size < 0:
             raise _err("model.vocab_size", self.vocab_size, "must be >= 0 (0 = from the tokenizer)")
         if self.init_std > 1.0:
@@ -186,6 +199,11 @@ class TrainingConfig:
     # none has checkpointed yet), "auto" (the launchers' default: the same, for requeued and
     # restarted jobs) or false (a fresh run; refused if run_dir already holds one).
     resume: bool | str = False
+    # Start a new run (step 0, this run_dir) from the weights of: a run directory (its latest
+    # checkpoint), one checkpoint directory (run/checkpoints/step_N), or a Hugging Face Llama
+    # directory (config.json + safetensors). "" = random init. Ignored when resuming.
+    init_from: str = ""
+    init_optimizer: bool = False  # init_from one of our checkpoints: also take its AdamW moments
     save_interval: int = 0  # steps between checkpoints (0 = only at the end)
     keep_checkpoints: int = 2
     eval_interval: int = 50
@@ -229,6 +247,8 @@ class TrainingConfig:
             raise _err("training.save_interval", self.save_interval, "must be >= 0 (0 = save at the end only)")
         if not self.run_dir:
             raise _err("training.run_dir", self.run_dir, "give a directory for checkpoints and metrics")
+        if self.init_optimizer and not self.init_from:
+            raise _err("training.init_optimizer", True, "needs training.init_from (a run or checkpoint directory)")
 
 
 @dataclass(frozen=True)
@@ -239,7 +259,9 @@ class DataConfig:
     split: str = "95,5"  # train,valid,test weights: documents of train_path held out for "val_loss"
     valid_paths: tuple[str, ...] = ("bundled:moby_dick",)  # extra held-out corpora, logged as val_loss_<name>
     tokenizer: str = "byte"  # "byte" (no training) or "bpe" (HF byte-level BPE)
-    tokenizer_path: str = ""  # bpe: tokenizer.json to load, or where to save the one trained on train_path
+    tokenizer_path: str = ""  # bpe: tokenizer.json to load (any HF one), or where to save the one trained on train_path
+    eod_token: str = ""  # bpe: end-of-document token appended to each document; "" = the tokenizer's own eos
+    bos_token: str = ""  # bpe: token put before each document; "" = the tokenizer's own bos (if any), "none" = no BOS
     bpe_vocab_size: int = 4096
     json_key: str = "text"
     cache_dir: str = ""  # where tokenized corpora are cached ("" = ~/.cache/megatron_snip)

@@ -32,6 +32,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokenizer-path", "--tokenizer-model", dest="tokenizer_path", default=None,
                    help="bpe: tokenizer.json to load, or where to save one trained on --input")
     p.add_argument("--vocab-size", type=int, default=4096, help="bpe training vocabulary (default 4096)")
+    p.add_argument("--eod-token", default="", help="bpe: end-of-document token (default: the tokenizer's own eos, "
+                   "from its tokenizer_config.json or a known name); must match the training config's data.eod_token")
+    p.add_argument("--bos-token", default="", help="bpe: token put before each document (default: the tokenizer's "
+                   "own bos, if any; 'none' for no BOS); must match data.bos_token")
     p.add_argument("--append-eod", action=argparse.BooleanOptionalAction, default=True, help="end each document with EOD (default on)")
     p.add_argument("--workers", type=int, default=1, help="encoding processes (default 1; BPE is multi-threaded already)")
     args = p.parse_args(argv)
@@ -48,13 +52,15 @@ def main(argv: list[str] | None = None) -> dict:
     if args.tokenizer == "bpe" and not os.path.isfile(args.tokenizer_path):
         print(f"training a {args.vocab_size}-token byte-level BPE on {args.input} -> {args.tokenizer_path}", flush=True)
         texts = read_jsonl(args.input, args.json_key)
-    tok = build_tokenizer(args.tokenizer, args.tokenizer_path, texts=texts, vocab_size=args.vocab_size)
+    tok = build_tokenizer(args.tokenizer, args.tokenizer_path, texts=texts, vocab_size=args.vocab_size,
+                          eod_token=args.eod_token, bos_token=args.bos_token)
     print(f"tokenizer: {tok}", flush=True)
     stats = tokenize_to_indexed(read_jsonl(args.input, args.json_key), tok, args.output_prefix,
                                 append_eod=args.append_eod, workers=args.workers, progress=True)
     ds = IndexedDataset(args.output_prefix)
     stats.update(source=os.path.abspath(args.input), tokenizer=tok.kind, tokenizer_identity=tok.identity(),
-                 vocab_size=tok.vocab_size, eod_id=tok.eod_id, dtype=str(ds.dtype), json_key=args.json_key,
+                 vocab_size=tok.vocab_size, raw_vocab_size=tok.raw_vocab_size, eod_id=tok.eod_id,
+                 bos_id=tok.bos_id, dtype=str(ds.dtype), json_key=args.json_key,
                  append_eod=args.append_eod, bytes_per_token=stats["text_bytes"] / max(stats["tokens"], 1))
     with open(args.output_prefix + ".json", "w") as f:
         json.dump(stats, f, indent=1)

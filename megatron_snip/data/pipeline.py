@@ -57,7 +57,8 @@ def load_tokenizer_for(cfg: DataConfig) -> Tokenizer:
         raise ValueError(f"config data.tokenizer_path={cfg.tokenizer_path!r} must name the tokenizer.json that "
                          f"{cfg.train_path!r} was tokenized with")
     texts = None if os.path.isfile(cfg.tokenizer_path) else read_jsonl(train, cfg.json_key)
-    return build_tokenizer("bpe", cfg.tokenizer_path or None, texts=texts, vocab_size=cfg.bpe_vocab_size)
+    return build_tokenizer("bpe", cfg.tokenizer_path or None, texts=texts, vocab_size=cfg.bpe_vocab_size,
+                           eod_token=cfg.eod_token, bos_token=cfg.bos_token)
 
 
 def open_indexed(path: str, tokenizer: Tokenizer, cfg: DataConfig, *, check_ids: bool = True) -> IndexedDataset:

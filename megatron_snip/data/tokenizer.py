@@ -5,9 +5,11 @@ Two kinds:
     token. Needs no training and never fails on any text. ``vocab_size`` is padded up to a
     multiple of ``pad_to`` (default 64, giving 320) so the embedding shards evenly; the
     padding ids are never produced and decode to nothing.
-  * ``BPETokenizer`` -- a byte-level BPE model from HF ``tokenizers`` (GPT-2 style
-    pre-tokenization, lossless round trip), trained here or loaded from ``tokenizer.json``.
-    Its EOD token is the special token ``<|endoftext|>``.
+  * ``BPETokenizer`` -- any HF ``tokenizers`` model: a byte-level BPE trained here (GPT-2 style
+    pre-tokenization, lossless round trip, EOD ``<|endoftext|>``), or any ``tokenizer.json``
+    loaded from a file - GPT-2 BPE, Llama-2's SentencePiece BPE with byte fallback, Llama-3's
+    tiktoken-style BPE. Its end-of-document (EOD) and beginning-of-sequence (BOS) tokens are
+    given by name or read from the tokenizer's own special tokens (``special_tokens``).
 
 ``build_tokenizer(kind, path, texts=...)`` is the one entry point configs use.
 """
@@ -25,6 +27,12 @@ from megatron_snip.data.indexed import publish
 
 EOD_TOKEN = "<|endoftext|>"
 TOKENIZER_KINDS = ("byte", "bpe")
+TOKENIZER_CONFIG = "tokenizer_config.json"  # HF's file next to tokenizer.json naming bos_token / eos_token
+# Special tokens recognised by name when a tokenizer.json comes without a tokenizer_config.json
+# (GPT-2 / ours, Llama 3, Llama 2), in that order.
+KNOWN_EOD_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "</s>")
+KNOWN_BOS_TOKENS = ("<|begin_of_text|>", "<s>")
+NO_TOKEN = "none"  # data.bos_token = "none": no BOS even if the tokenizer declares one
 
 
 def _pad_up(n: int, multiple: int) -> int:
@@ -44,6 +52,7 @@ class Tokenizer(abc.ABC):
             produces is < vocab_size).
         raw_vocab_size: number of ids the tokenizer can actually produce.
         eod_id: end-of-document id, appended after each document when building datasets.
+        bos_id: beginning-of-sequence id that ``encode`` puts before each document, or None.
         kind: "byte" or "bpe".
     """
 
@@ -51,10 +60,11 @@ class Tokenizer(abc.ABC):
     vocab_size: int
     raw_vocab_size: int
     eod_id: int
+    bos_id: int | None = None
 
     @abc.abstractmethod
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` (no EOD appended)."""
+        """Token ids of ``text``: BOS first when the tokenizer has one, no EOD appended."""
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """``[encode(t) for t in texts]``, faster where the backend allows."""
@@ -110,20 +120,25 @@ class BPETokenizer(Tokenizer):
 
     kind = "bpe"
 
-    def __init__(self, hf_tokenizer, eod_token: str = EOD_TOKEN, pad_to: int = 64) -> None:
+    def __init__(self, hf_tokenizer, eod_token: str = EOD_TOKEN, pad_to: int = 64, bos_token: str | None = None) -> None:
+        """``eod_token``/``bos_token``: names of special tokens in the vocabulary (``bos_token``
+        None: no BOS). ``special_tokens`` resolves them from a tokenizer's own files."""
         _check_pad_to(pad_to)
-        eod_id = hf_tokenizer.token_to_id(eod_token)
-        if eod_id is None:
-            raise ValueError(
-                f"eod_token={eod_token!r} is not in the tokenizer's vocabulary; "
-                f"pass the name of its end-of-document special token as eod_token"
-            )
         self._tok = hf_tokenizer
-        self.eod_token = eod_token
-        self.eod_id = int(eod_id)
+        self.eod_token, self.bos_token = eod_token, bos_token
+        self.eod_id = self._id_of(eod_token, "eod_token")
+        self.bos_id = None if bos_token is None else self._id_of(bos_token, "bos_token")
         self.pad_to = pad_to
         self.raw_vocab_size = int(hf_tokenizer.get_vocab_size(with_added_tokens=True))
         self.vocab_size = _pad_up(self.raw_vocab_size, pad_to)
+
+    def _id_of(self, token: str, field: str) -> int:
+        tid = self._tok.token_to_id(token)
+        if tid is None:
+            specials = [t.content for t in self._tok.get_added_tokens_decoder().values() if t.special]
+            raise ValueError(f"{field}={token!r} is not in the tokenizer's vocabulary; set data.{field} "
+                             f"(preprocess_data.py --{field.replace('_', '-')}) to one of its special tokens: {specials}")
+        return int(tid)
 
     @classmethod
     def train(
@@ -166,8 +181,10 @@ class BPETokenizer(Tokenizer):
         return cls(tok, EOD_TOKEN, pad_to)
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike, eod_token: str = EOD_TOKEN, pad_to: int = 64) -> BPETokenizer:
-        """Load a ``tokenizer.json`` written by ``save`` (or any HF byte-level BPE file)."""
+    def from_file(cls, path: str | os.PathLike, eod_token: str = "", pad_to: int = 64,
+                  bos_token: str = "") -> BPETokenizer:
+        """Load any HF ``tokenizer.json``; ``eod_token``/``bos_token`` "" = the tokenizer's own
+        (see ``special_tokens``), ``bos_token`` "none" = no BOS."""
         from tokenizers import Tokenizer as HFTokenizer
 
         if not os.path.isfile(path):
@@ -176,27 +193,85 @@ class BPETokenizer(Tokenizer):
             tok = HFTokenizer.from_file(str(path))
         except Exception as e:  # the Rust error says what is wrong with the JSON
             raise ValueError(f"tokenizer path={str(path)!r} is not a valid HF tokenizer.json: {e}") from e
-        return cls(tok, eod_token, pad_to)
+        eod, bos = special_tokens(tok, _declared_specials(path), eod_token, bos_token)
+        return cls(tok, eod, pad_to, bos)
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+        # add_special_tokens=False: the file's post-processor (e.g. Llama's TemplateProcessing) does
+        # not add its BOS; we add ours, so every tokenizer behaves the same way.
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        return ids if self.bos_id is None else [self.bos_id, *ids]
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         # Rust-side, multi-threaded over documents.
-        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+        out = [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+        return out if self.bos_id is None else [[self.bos_id, *ids] for ids in out]
 
     def decode(self, ids: Iterable[int]) -> str:
-        ids = [i for i in map(int, ids) if 0 <= i < self.raw_vocab_size and i != self.eod_id]
+        ids = [i for i in map(int, ids) if 0 <= i < self.raw_vocab_size and i not in (self.eod_id, self.bos_id)]
         return self._tok.decode(ids, skip_special_tokens=True)
 
     def save(self, path: str | os.PathLike) -> None:
         _atomic_write_text(path, self._tok.to_str())
 
+    def hf_files(self) -> dict[str, str]:
+        """File name -> text of an HF tokenizer (tokenizer.json + a tokenizer_config.json naming
+        our BOS/EOS), for exported model directories."""
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": self.eod_token,
+                  "bos_token": self.bos_token, "add_bos_token": self.bos_token is not None}
+        return {"tokenizer.json": self._tok.to_str(), TOKENIZER_CONFIG: json.dumps(config, indent=1) + "\n"}
+
     def identity(self) -> str:
-        return hashlib.sha256(f"bpe-v1-pad{self.pad_to}-{self.eod_token}\n".encode() + self._tok.to_str().encode()).hexdigest()
+        bos = "" if self.bos_token is None else f"-bos{self.bos_token}"
+        return hashlib.sha256(f"bpe-v1-pad{self.pad_to}-{self.eod_token}{bos}\n".encode()
+                              + self._tok.to_str().encode()).hexdigest()
 
     def __repr__(self) -> str:
-        return f"BPETokenizer(vocab_size={self.vocab_size}, raw={self.raw_vocab_size}, eod_id={self.eod_id})"
+        return (f"BPETokenizer(vocab_size={self.vocab_size}, raw={self.raw_vocab_size}, eod={self.eod_token!r} "
+                f"({self.eod_id}), bos={self.bos_token!r} ({self.bos_id}))")
+
+
+def _declared_specials(tokenizer_json: str | os.PathLike) -> dict[str, str]:
+    """bos_token / eos_token named by the tokenizer_config.json next to ``tokenizer_json`` ({} if none)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(tokenizer_json)), TOKENIZER_CONFIG)
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} is not JSON ({e}); fix or remove it (it names the tokenizer's bos/eos tokens)") from e
+    out = {}
+    for key in ("bos_token", "eos_token"):
+        v = cfg.get(key)
+        if isinstance(v, dict):  # {"content": "<s>", ...} (AddedToken form)
+            v = v.get("content")
+        if isinstance(v, str) and v:
+            out[key] = v
+    return out
+
+
+def special_tokens(hf_tokenizer, declared: dict[str, str], eod_token: str = "", bos_token: str = ""
+                   ) -> tuple[str, str | None]:
+    """(EOD token, BOS token or None) for a tokenizer.
+
+    ``eod_token`` "" -> the declared ``eos_token`` (tokenizer_config.json), else the first of
+    ``KNOWN_EOD_TOKENS`` in the vocabulary. ``bos_token`` "" -> the declared ``bos_token``, else
+    the first of ``KNOWN_BOS_TOKENS``, else none; "none" -> no BOS. A BOS equal to the EOD (GPT-2
+    declares both as <|endoftext|>) is dropped: the EOD already separates documents."""
+    def present(t: str) -> bool:
+        return hf_tokenizer.token_to_id(t) is not None
+
+    eod = eod_token or declared.get("eos_token") or next((t for t in KNOWN_EOD_TOKENS if present(t)), None)
+    if eod is None:
+        specials = [t.content for t in hf_tokenizer.get_added_tokens_decoder().values() if t.special]
+        raise ValueError(f"the tokenizer has none of the end-of-document tokens {list(KNOWN_EOD_TOKENS)} and no "
+                         f"{TOKENIZER_CONFIG} naming its eos_token; set data.eod_token (preprocess_data.py "
+                         f"--eod-token) to one of its special tokens: {specials}")
+    if bos_token == NO_TOKEN:
+        return eod, None
+    bos = bos_token or declared.get("bos_token") or next((t for t in KNOWN_BOS_TOKENS if present(t)), None)
+    return eod, (None if bos == eod else bos)
 
 
 def load_tokenizer(path: str | os.PathLike, pad_to: int = 64) -> Tokenizer:
@@ -219,6 +294,8 @@ def build_tokenizer(
     texts: Iterable[str] | None = None,
     vocab_size: int = 4096,
     pad_to: int = 64,
+    eod_token: str = "",
+    bos_token: str = "",
 ) -> Tokenizer:
     """The tokenizer a config asks for.
 
@@ -230,13 +307,16 @@ def build_tokenizer(
         texts: training documents, needed only when a BPE must be trained.
         vocab_size: BPE training target.
         pad_to: ``vocab_size`` is padded to a multiple of this.
+        eod_token, bos_token: for a loaded "bpe", the special tokens by name ("" = the
+            tokenizer's own, see ``special_tokens``; bos "none" = no BOS). A trained BPE always
+            uses ``<|endoftext|>`` as EOD and no BOS.
     """
     if kind == "byte":
         return ByteTokenizer(pad_to=pad_to)
     if kind != "bpe":
         raise ValueError(f"tokenizer kind={kind!r} is unknown; use one of {TOKENIZER_KINDS}")
     if path is not None and os.path.isfile(path):
-        return BPETokenizer.from_file(path, pad_to=pad_to)
+        return BPETokenizer.from_file(path, eod_token=eod_token, pad_to=pad_to, bos_token=bos_token)
     if texts is None:
         raise ValueError(
             f"tokenizer kind='bpe' with path={None if path is None else str(path)!r}: no tokenizer file "

@@ -41,7 +41,7 @@ from megatron_snip.model.layers import (
     vocab_parallel_cross_entropy,
 )
 from megatron_snip.model.norm import RMSNorm
-from megatron_snip.model.rope import apply_rope, rope_tables
+from megatron_snip.model.rope import Llama3RopeScaling, apply_rope, rope_tables
 from megatron_snip.model.shapes import model_linear_shapes
 from megatron_snip.parallel.topology import TensorParallel
 from megatron_snip.precision.backends import Backend
@@ -200,7 +200,10 @@ class LlamaModel(nn.Module):
     def _rope(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         key = (seq_len, device)
         if key not in self._rope_cache:
-            self._rope_cache[key] = rope_tables(seq_len, self.cfg.head_dim, self.cfg.rope_base, device)
+            c = self.cfg
+            scaling = (Llama3RopeScaling(c.rope_scaling_factor, c.rope_low_freq_factor, c.rope_high_freq_factor,
+                                         c.rope_original_max_position) if c.rope_scaling == "llama3" else None)
+            self._rope_cache[key] = rope_tables(seq_len, c.head_dim, c.rope_base, device, scaling)
         return self._rope_cache[key]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -36,6 +36,10 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used (corrupt, incomplete, unreadable); the message says which and why."""
 
 
+class LayoutMismatchError(ValueError):
+    """A checkpoint saved with another TP/PP layout: intact, usable after resharding (never set aside)."""
+
+
 def shard_name(tp_rank: int = 0, pp_rank: int = 0) -> str:
     return f"shard_tp{tp_rank:02d}_pp{pp_rank:02d}.pt"
 
@@ -132,6 +136,11 @@ def verify(ckpt_root: Path, step: int, tp: int = 1, pp: int = 1) -> dict[str, An
     matches its recorded sha256; returns its meta. Raises ``CheckpointError`` saying why not."""
     d = step_dir(ckpt_root, step)
     meta = read_meta(ckpt_root, step)
+    if (meta.get("tp", 1), meta.get("pp", 1)) != (tp, pp):
+        raise LayoutMismatchError(
+            f"checkpoint {d} was saved with tp={meta.get('tp', 1)} pp={meta.get('pp', 1)}, this run has "
+            f"parallel.tp={tp} parallel.pp={pp}; resume with the same layout, or convert it: "
+            f"python scripts/reshard_checkpoint.py {ckpt_root.parent} --tp {tp} --pp {pp}")
     sums = meta.get("shards")
     if not isinstance(sums, dict) or not sums:
         raise CheckpointError(f"checkpoint {d} records no shard checksums (meta.json 'shards'; written by an "
@@ -154,7 +163,9 @@ def verify(ckpt_root: Path, step: int, tp: int = 1, pp: int = 1) -> dict[str, An
 
 
 def latest_verified(ckpt_root: Path, tp: int = 1, pp: int = 1) -> tuple[int | None, list[str]]:
-    """The newest checkpoint that ``verify`` accepts, and one reason per newer one it skipped."""
+    """The newest checkpoint that ``verify`` accepts, and one reason per newer one it skipped.
+
+    A checkpoint of another layout is not skipped: ``LayoutMismatchError`` propagates (resharding fixes it)."""
     skipped: list[str] = []
     for step in reversed(list_checkpoints(ckpt_root)):
         try:

@@ -37,7 +37,7 @@ from megatron_snip.atomic_io import atomic_write_text, ensure_writable_dir
 from megatron_snip.config import Config
 from megatron_snip.data.dataset import GPTDataset
 from megatron_snip.data.pipeline import DataBundle, build_data
-from megatron_snip.model.llama import LlamaModel, pad_vocab
+from megatron_snip.model.llama import LlamaModel
 from megatron_snip.model.shapes import linear_numel, model_linear_shapes
 from megatron_snip.parallel import comm
 from megatron_snip.parallel.ddp import GradReducer
@@ -50,10 +50,12 @@ from megatron_snip.snip.host import Replan
 from megatron_snip.telemetry.logger import RunLogger, peak_memory, step_line
 from megatron_snip.telemetry.wandb_sink import WandbSink
 from megatron_snip.training import checkpoint as ckpt
+from megatron_snip.training.init_from import init_from
 from megatron_snip.training.lr import lr_at
 from megatron_snip.training.optim import build_optimizer
 from megatron_snip.training.preemption import StopSignal, TrainingPreempted
 from megatron_snip.training.resume_check import compare
+from megatron_snip.training.vocab_check import check_data_tokenizer, model_vocab_size
 
 
 class TrainingStopped(RuntimeError):
@@ -148,13 +150,8 @@ class Trainer:
         self.autocast_dtype = resolve_autocast_dtype(t.dtype, self.device)
 
         self.data: DataBundle = self._build_data()
-        self.vocab_size = cfg.model.vocab_size or pad_vocab(self.data.tokenizer.vocab_size)
-        if self.vocab_size < self.data.tokenizer.vocab_size:
-            raise ValueError(f"config model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's "
-                             f"{self.data.tokenizer.vocab_size}; set it to 0 to take the tokenizer's")
-        if self.vocab_size % self.topo.tp:
-            raise ValueError(f"config model.vocab_size={self.vocab_size} must be divisible by parallel.tp={self.topo.tp} "
-                             f"(vocab-parallel embedding); set it to a multiple of {64 * self.topo.tp}")
+        self.vocab_size = model_vocab_size(cfg, self.data.tokenizer, self.topo.tp)
+        check_data_tokenizer(cfg, self.data.tokenizer, self.vocab_size)
 
         # Same seed on every rank: each builds the full weights of its parameters and keeps its slice.
         torch.manual_seed(t.seed)
@@ -193,6 +190,10 @@ class Trainer:
             # A resumed run keeps the config.toml its checkpoints were made with (changes are listed in the log).
             name = "config.toml" if not resumed else f"config.resumed_step_{self.step:06d}.toml"
             atomic_write_text(self.run_dir / name, cfg.to_toml())
+        if t.init_from and not resumed:
+            self.logger.info(init_from(t.init_from, self.model, self.optimizer, cfg,
+                                       tp_rank=self.topo.tp_rank, pp_rank=self.topo.pp_rank))
+            self._param_norm = self.param_norm()
         self.apply_plan(self.plan)
         if not resumed:
             self._record_plan(self.plan)
@@ -614,13 +615,19 @@ class Trainer:
         both values; the others are listed with what they do."""
         decision: dict[str, Any] = {}
         if self.is_writer:
-            step, skipped = ckpt.latest_verified(self.ckpt_root, self.topo.tp, self.topo.pp)
-            decision = {"step": step, "skipped": skipped}
-            if step is not None:
-                for bad in ckpt.list_checkpoints(self.ckpt_root):
-                    if bad > step:
-                        ckpt.set_aside(self.ckpt_root, bad)
+            try:
+                step, skipped = ckpt.latest_verified(self.ckpt_root, self.topo.tp, self.topo.pp)
+            except ckpt.LayoutMismatchError as e:  # every rank raises it, none waits for the others
+                decision = {"layout_error": str(e)}
+            else:
+                decision = {"step": step, "skipped": skipped}
+                if step is not None:
+                    for bad in ckpt.list_checkpoints(self.ckpt_root):
+                        if bad > step:
+                            ckpt.set_aside(self.ckpt_root, bad)
         decision = comm.broadcast_object(decision, 0, self.topo.world_group)
+        if "layout_error" in decision:
+            raise ckpt.LayoutMismatchError(decision["layout_error"])
         step, skipped = decision["step"], decision["skipped"]
         for reason in skipped:
             self.logger.info(f"skipping checkpoint: {reason}")

@@ -1,0 +1,1 @@
+"""Interoperability with other frameworks' checkpoints (Hugging Face Llama: ``interop.hf``)."""

@@ -1,0 +1,181 @@
+"""Our checkpoints as whole (unsharded) tensors, and rewriting them at another TP x PP layout.
+
+A checkpoint written at layout (tp, pp) holds one shard per (tp_rank, pp_rank) (see
+training/checkpoint.py). ``read_full`` reassembles the unsharded model weights and AdamW moments
+keyed by parameter name (TP shards joined with the model's own shard spec, pipeline stages
+merged by their global layer names); ``write_layout`` splits them again for any layout the model
+allows and commits a new checkpoint at the same step, so a run resumes at the new layout.
+
+What carries over exactly: weights, AdamW moments and step counts, the LR schedule position,
+the precision plan and its history, the CPU RNG state. Taken from shard (tp0, pp0) for every new
+shard: the stochastic-rounding generator state and callbacks' extra state (SNIP's). Under
+deterministic formats (bf16, fp8, RTN fp4) that is exact; with stochastic rounding each TP
+shard/stage of the old run had consumed its own stream, so the new run's rounding draws differ
+(statistically the same).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from megatron_snip.config import Config, load_config
+from megatron_snip.model.layers import shard_state_dict, unshard_state_dicts
+from megatron_snip.model.llama import LlamaModel
+from megatron_snip.parallel.topology import ParallelTopology, TensorParallel
+from megatron_snip.training import checkpoint as ckpt
+from megatron_snip.training.optim import param_groups
+
+_MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def resolve_checkpoint(path: str | Path, field: str = "checkpoint") -> tuple[Path, int]:
+    """(checkpoint root, step) of ``path``: a run directory (its latest checkpoint), a
+    ``checkpoints/`` directory, or one ``checkpoints/step_N`` directory."""
+    p = Path(path)
+    if (p / "meta.json").is_file() and p.name.startswith("step_"):
+        try:
+            return p.parent, int(p.name.removeprefix("step_"))
+        except ValueError:
+            pass
+    for root in (p / "checkpoints", p):
+        step = ckpt.latest_checkpoint(root)
+        if step is not None:
+            return root, step
+    raise ValueError(f"{field}={str(path)!r}: no checkpoint there (expected a run directory with checkpoints/step_*/"
+                     f"meta.json, or one checkpoints/step_N directory); check the path or train a run first")
+
+
+def run_config(ckpt_root: Path) -> Config:
+    """The resolved config of the run that wrote the checkpoints under ``ckpt_root``."""
+    path = ckpt_root.parent / "config.toml"
+    if not path.is_file():
+        raise ValueError(f"checkpoint {ckpt_root} has no run config at {path} (written at the start of every run); "
+                         f"the checkpoint must stay inside its run directory")
+    return load_config(path)
+
+
+def stage_model(cfg: Config, vocab_size: int, tp: int, pp: int, tp_rank: int, pp_rank: int) -> LlamaModel:
+    """The (tp_rank, pp_rank) shard of the model on the meta device: names, shapes, shard spec."""
+    topo = ParallelTopology.from_rank(tp * pp, ParallelTopology.rank_of(tp_rank, pp_rank, 0, tp, 1), tp, pp)
+    with torch.device("meta"):
+        return LlamaModel(cfg.model, vocab_size, layers=topo.stage_layers(cfg.model.num_layers),
+                          pre_process=topo.is_first_stage, post_process=topo.is_last_stage,
+                          tp=TensorParallel(size=tp, rank=tp_rank), seed=0)
+
+
+def _param_names(model: LlamaModel, weight_decay: float) -> list[str]:
+    """Parameter names in the optimizer's index order (training/optim.py's groups)."""
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    return [name_of[id(p)] for g in param_groups(model, weight_decay) for p in g["params"]]
+
+
+@dataclass
+class FullCheckpoint:
+    """One checkpoint, unsharded.
+
+    model: parameter name -> full fp32 tensor (every stage's).
+    moments: parameter name -> {"exp_avg", "exp_avg_sq", "step"} (empty before the first step).
+    param_groups: the optimizer's hyperparameter groups (without their ``params`` lists).
+    common: the rest of shard (tp0, pp0): step, RNG states, plan, plan history, extra.
+    meta: its meta.json; cfg: the run's config; vocab_size: V (embedding rows).
+    """
+
+    model: dict[str, torch.Tensor]
+    moments: dict[str, dict[str, torch.Tensor]]
+    param_groups: list[dict[str, Any]]
+    common: dict[str, Any]
+    meta: dict[str, Any]
+    cfg: Config
+    vocab_size: int
+
+
+def read_full(ckpt_root: Path, step: int, cfg: Config | None = None, *, with_optimizer: bool = True) -> FullCheckpoint:
+    """Read every shard of checkpoint ``step`` and join them (CPU memory: the whole model, plus
+    twice that for the AdamW moments when ``with_optimizer``)."""
+    cfg = cfg or run_config(ckpt_root)
+    meta = ckpt.read_meta(ckpt_root, step)
+    tp, pp = int(meta.get("tp", 1)), int(meta.get("pp", 1))
+    model: dict[str, torch.Tensor] = {}
+    moments: dict[str, dict[str, torch.Tensor]] = {}
+    groups: list[dict[str, Any]] = []
+    common: dict[str, Any] = {}
+    vocab_size = 0
+    for pp_rank in range(pp):
+        shards = [ckpt.read_shard(ckpt_root, step, tp_rank, pp_rank) for tp_rank in range(tp)]
+        if pp_rank == 0:
+            common = {k: v for k, v in shards[0].items() if k not in ("model", "optimizer", "layout")}
+            vocab_size = shards[0]["model"]["embedding.weight"].shape[0] * tp
+            groups = [{k: v for k, v in g.items() if k != "params"} for g in shards[0]["optimizer"]["param_groups"]]
+        stage = stage_model(cfg, vocab_size, tp, pp, 0, pp_rank)
+        spec = stage.tp_shard_spec()
+        model.update(unshard_state_dicts([s["model"] for s in shards], spec))
+        if not with_optimizer:
+            continue
+        names = _param_names(stage, cfg.training.weight_decay)
+        states = [s["optimizer"]["state"] for s in shards]
+        for idx, name in enumerate(names):
+            if idx not in states[0]:
+                continue  # no step taken yet
+            full = unshard_state_dicts([{m: st[idx][m] for m in _MOMENTS} for st in states],
+                                       dict.fromkeys(_MOMENTS, spec[name]))
+            moments[name] = {**full, "step": states[0][idx]["step"]}
+    return FullCheckpoint(model, moments, groups, common, meta, cfg, vocab_size)
+
+
+def check_layout(cfg: Config, vocab_size: int, tp: int, pp: int) -> None:
+    """Refuse (naming the field, the value and the fix) a layout the model cannot be split into."""
+    m = cfg.model
+    for name, val in (("model.num_attention_heads", m.num_attention_heads), ("model.num_kv_heads", m.num_kv_heads),
+                      ("model.ffn_hidden_size", m.ffn_hidden_size), ("vocabulary size", vocab_size)):
+        if val % tp:
+            raise ValueError(f"cannot reshard to tp={tp}: {name}={val} is not divisible by it; choose a tp that "
+                             f"divides it")
+    if m.num_layers % pp:
+        raise ValueError(f"cannot reshard to pp={pp}: model.num_layers={m.num_layers} is not divisible by it "
+                         f"(even layer split); choose a pp that divides it")
+
+
+def shard_for(full: FullCheckpoint, stage: LlamaModel) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(model state dict, optimizer state dict) of ``stage`` (any TP shard / PP stage, on any device)
+    cut from ``full``; the optimizer's groups follow training/optim.py with ``full``'s hyperparameters."""
+    spec = stage.tp_shard_spec()
+    tp, tp_rank = stage.tp.size, stage.tp.rank
+    names = _param_names(stage, full.cfg.training.weight_decay)
+    model = shard_state_dict({n: full.model[n] for n in stage.state_dict()}, spec, tp, tp_rank)
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for idx, name in enumerate(names):
+        if name in full.moments:
+            mo = full.moments[name]
+            sharded = shard_state_dict({m: mo[m] for m in _MOMENTS}, dict.fromkeys(_MOMENTS, spec[name]), tp, tp_rank)
+            state[idx] = {"step": mo["step"].clone(), **sharded}
+    groups, start = [], 0
+    for g, proto in zip(param_groups(stage, full.cfg.training.weight_decay), full.param_groups, strict=True):
+        groups.append({**copy.deepcopy(proto), "params": list(range(start, start + len(g["params"])))})
+        start += len(g["params"])
+    return model, {"state": state, "param_groups": groups}
+
+
+def write_layout(full: FullCheckpoint, out_root: Path, tp: int, pp: int, *, keep: int = 1000) -> Path:
+    """Write ``full`` as checkpoint ``step`` under ``out_root`` at layout (tp, pp); returns its directory.
+
+    Every shard gets the same common state (see the module docstring for what that means under
+    stochastic rounding). ``out_root`` may be a new run's ``checkpoints/`` (copy the run's
+    config.toml next to it) or the source root itself (the checkpoint is replaced atomically)."""
+    check_layout(full.cfg, full.vocab_size, tp, pp)
+    step = int(full.meta["step"])
+    for pp_rank in range(pp):
+        for tp_rank in range(tp):
+            stage = stage_model(full.cfg, full.vocab_size, tp, pp, tp_rank, pp_rank)
+            model, optimizer = shard_for(full, stage)
+            shard = {**copy.deepcopy(full.common), "model": model, "optimizer": optimizer,
+                     "layout": {"tp": tp, "pp": pp, "tp_rank": tp_rank, "pp_rank": pp_rank,
+                                "layers": list(stage.layer_ids)}}
+            ckpt.write_shard(out_root, step, shard, tp_rank, pp_rank)
+    meta = {**full.meta, "tp": tp, "pp": pp, "sequence_parallel": False,
+            "resharded_from": {"tp": full.meta.get("tp", 1), "pp": full.meta.get("pp", 1)}}
+    return ckpt.commit(out_root, step, meta, keep=keep)

@@ -1,0 +1,52 @@
+#!/usr/bin/env python
+"""Convert one of our checkpoints to another tensor/pipeline-parallel layout, optimizer state included.
+
+    python scripts/reshard_checkpoint.py runs/tiny --tp 1 --pp 1                   # in place (latest checkpoint)
+    python scripts/reshard_checkpoint.py runs/tiny/checkpoints/step_000200 --tp 2 --pp 2 --out runs/tiny_tp2pp2
+
+In place, the checkpoint is replaced atomically at the same step; then resume with the new
+``parallel.tp``/``parallel.pp`` (``--set training.resume=true``). With ``--out`` a new run
+directory is made (its config.toml is the source run's with the new layout). What is exact and
+what is not (stochastic-rounding streams): see megatron_snip/training/reshard.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from megatron_snip.atomic_io import atomic_write_text  # noqa: E402
+from megatron_snip.training import reshard  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", help="run directory (its latest checkpoint) or run/checkpoints/step_N")
+    p.add_argument("--tp", type=int, required=True)
+    p.add_argument("--pp", type=int, required=True)
+    p.add_argument("--out", default=None, help="new run directory (default: convert in place)")
+    args = p.parse_args(argv)
+    try:
+        root, step = reshard.resolve_checkpoint(args.checkpoint)
+        full = reshard.read_full(root, step)
+        out_root = root
+        if args.out is not None:
+            out_run = Path(args.out)
+            cfg = dataclasses.replace(full.cfg, parallel=dataclasses.replace(full.cfg.parallel, tp=args.tp, pp=args.pp,
+                                                                               sequence_parallel=False),
+                                      training=dataclasses.replace(full.cfg.training, run_dir=str(out_run)))
+            atomic_write_text(out_run / "config.toml", cfg.to_toml())
+            out_root = out_run / "checkpoints"
+        d = reshard.write_layout(full, out_root, args.tp, args.pp)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {d}: tp={args.tp} pp={args.pp} (from tp={full.meta.get('tp')} pp={full.meta.get('pp')}, step {step})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
