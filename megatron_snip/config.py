@@ -156,6 +156,7 @@ class TrainingConfig:
     beta2: float = 0.95
     adam_eps: float = 1e-8
     grad_clip: float = 1.0  # global grad-norm clip; 0 disables
+    distributed_optimizer: bool = False  # ZeRO-1: AdamW moments sharded over DP (parallel/distributed_optimizer.py)
     seed: int = 1234
     dtype: str = "auto"  # "auto" (bf16 autocast on CUDA, fp32 on CPU), "float32" or "bfloat16"
     device: str = "auto"  # "auto", "cpu" or "cuda"
