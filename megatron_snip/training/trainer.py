@@ -129,6 +129,7 @@ class Trainer:
         self.model = LlamaModel(cfg.model, self.vocab_size, layers=self.topo.stage_layers(cfg.model.num_layers),
                                 pre_process=self.topo.is_first_stage, post_process=self.topo.is_last_stage,
                                 tp=self.tp).to(self.device)
+        self.model.set_recompute(t.recompute, t.recompute_every)
         self.optimizer = build_optimizer(self.model, t, self.device, self.topo)
         # The distributed optimizer reduces into its own DP shards (parallel/distributed_optimizer.py).
         self.grads = (self.optimizer.reducer if isinstance(self.optimizer, DistributedOptimizer)
