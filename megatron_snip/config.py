@@ -20,6 +20,9 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 
+RECOMPUTE_MODES = ("none", "selective", "full")  # training.recompute (model/llama.py set_recompute)
+
+
 def _err(field_name: str, value: Any, fix: str) -> ValueError:
     return ValueError(f"config {field_name}={value!r}: {fix}")
 
@@ -191,6 +194,9 @@ class TrainingConfig:
     beta2: float = 0.95
     adam_eps: float = 1e-8
     grad_clip: float = 1.0  # global grad-norm clip; 0 disables
+    distributed_optimizer: bool = False  # ZeRO-1: AdamW moments sharded over DP (parallel/distributed_optimizer.py)
+    recompute: str = "none"  # activation recompute: "none", "selective" (core attention) or "full" (whole blocks)
+    recompute_every: int = 1  # "full": recompute every k-th block of each pipeline stage (1 = all)
     seed: int = 1234
     dtype: str = "auto"  # "auto" (bf16 autocast on CUDA, fp32 on CPU), "float32" or "bfloat16"
     device: str = "auto"  # "auto", "cpu" or "cuda"
@@ -243,6 +249,10 @@ class TrainingConfig:
         if self.max_param_norm_growth != 0 and self.max_param_norm_growth <= 1:
             raise _err("training.max_param_norm_growth", self.max_param_norm_growth,
                        "must be > 1 (a factor, e.g. 2.0) or 0 (check finiteness only)")
+        if self.recompute not in RECOMPUTE_MODES:
+            raise _err("training.recompute", self.recompute, f"choose one of {', '.join(map(repr, RECOMPUTE_MODES))}")
+        if self.recompute_every < 1:
+            raise _err("training.recompute_every", self.recompute_every, "must be >= 1 (1 = every block)")
         if self.save_interval < 0:
             raise _err("training.save_interval", self.save_interval, "must be >= 0 (0 = save at the end only)")
         if not self.run_dir:

@@ -25,8 +25,9 @@ from collections.abc import Iterable, Iterator
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
-from megatron_snip.config import ModelConfig
+from megatron_snip.config import RECOMPUTE_MODES, ModelConfig
 from megatron_snip.model.layers import (
     UNSHARDED,
     ColumnParallelLinear,
@@ -73,11 +74,21 @@ class Attention(nn.Module):
         self.proj = RowParallelLinear(*reversed(shapes["proj"]), layer=layer, linear="proj",
                                       init_std=scaled_init_std(cfg.init_std, cfg.num_layers), tp=tp,
                                       init_generator=_gen(seed, f"layers.{layer}.attn.proj.weight"))
+        self.recompute_core = False  # set by LlamaModel.set_recompute
 
     def forward(self, x_bsd: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x (B, S, D) [(B, S/tp, D) with sequence parallelism] -> same shape."""
-        q_per_group = self.num_heads // self.num_groups
         qkv = self.qkv(x_bsd)  # (B, S, G·(H/G+2)·Hd): full sequence even under sequence parallelism
+        if self.recompute_core and torch.is_grad_enabled():
+            # Selective recompute: keep only qkv; RoPE and attention re-run in backward.
+            out = checkpoint(self._core, qkv, cos, sin, use_reentrant=False)
+        else:
+            out = self._core(qkv, cos, sin)
+        return self.proj(out)
+
+    def _core(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Core attention (no weights): qkv (B, S, G·(H/G+2)·Hd) -> (B, S, H·Hd), causal, RoPE on q and k."""
+        q_per_group = self.num_heads // self.num_groups
         b, s, _ = qkv.shape
         qkv = qkv.view(b, s, self.num_groups, q_per_group + 2, self.head_dim)
         q = qkv[:, :, :, :q_per_group].reshape(b, s, self.num_heads, self.head_dim).transpose(1, 2)  # B H S Hd
@@ -85,7 +96,7 @@ class Attention(nn.Module):
         v = qkv[:, :, :, q_per_group + 1].transpose(1, 2)  # B G S Hd
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.num_groups != self.num_heads)
-        return self.proj(out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim))
+        return out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim)
 
 
 class SwiGLU(nn.Module):
@@ -115,8 +126,17 @@ class TransformerBlock(nn.Module):
         self.attn = Attention(cfg, layer, tp, seed)
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps, sequence_parallel=tp.sequence_parallel)
         self.mlp = SwiGLU(cfg, layer, tp, seed)
+        self.recompute = False  # full recompute of this block; set by LlamaModel.set_recompute
 
     def forward(self, x_bsd: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # SNIP's probes act in forward (record X/Y, hook G, draw noise): a recomputed forward would
+        # repeat those side effects, so probe passes run this block without recompute.
+        probed = any(lin.probe is not None for lin in (self.attn.qkv, self.attn.proj, self.mlp.fc1, self.mlp.fc2))
+        if self.recompute and torch.is_grad_enabled() and not probed:
+            return checkpoint(self._forward, x_bsd, cos, sin, use_reentrant=False)
+        return self._forward(x_bsd, cos, sin)
+
+    def _forward(self, x_bsd: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x_bsd = x_bsd + self.attn(self.attn_norm(x_bsd), cos, sin)
         return x_bsd + self.mlp(self.mlp_norm(x_bsd))
 
@@ -190,6 +210,19 @@ class LlamaModel(nn.Module):
     def set_quant_generator(self, generator: torch.Generator | None) -> None:
         for lin in self.precision_linears():
             lin.generator = generator
+
+    def set_recompute(self, mode: str, every: int = 1) -> None:
+        """Activation recompute (``training.recompute``): "none"; "selective" re-runs each block's
+        core attention (RoPE + softmax(QKᵀ)V) in backward; "full" keeps only the input of every
+        ``every``-th block of this stage (local positions 0, every, 2·every, ...) and re-runs the
+        whole block in backward. Non-reentrant ``torch.utils.checkpoint`` with the RNG state
+        preserved; the forward draws no random numbers (stochastic rounding is backward-only),
+        so losses and gradients are bitwise those without recompute."""
+        if mode not in RECOMPUTE_MODES or every < 1:
+            raise ValueError(f"recompute mode={mode!r} every={every}: choose one of {RECOMPUTE_MODES}, every >= 1")
+        for j, block in enumerate(self.layers.values()):
+            block.recompute = mode == "full" and j % every == 0
+            block.attn.recompute_core = mode == "selective"
 
     def set_backend(self, backend: Backend) -> None:
         """Run every linear's GEMMs through ``backend`` (emulated or Transformer Engine)."""

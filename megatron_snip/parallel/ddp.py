@@ -4,8 +4,12 @@ Choice: gradients are reduced by a bucketed all-reduce *after* backward (not tor
 hooks). That works unchanged with the pipeline schedule's many backward calls per step and
 with SNIP probe passes (which must not touch other replicas' gradients), gives the same
 result on gloo and NCCL, and at this scale the lost overlap of communication with backward
-does not matter. Overlap (DDP-style hooks or Megatron's distributed optimizer) is the
-upgrade path for large runs.
+does not matter. Overlap (DDP-style hooks) is the upgrade path for large runs.
+
+``ShardedGradReducer`` is the distributed optimizer's variant (ZeRO-1,
+``training.distributed_optimizer``): step 2 becomes a bucketed reduce-scatter, so each DP
+rank ends with the averaged gradient of only its shard, and the norm of step 3 sums the
+shards over DP; ``all_gather_params`` brings the updated shards back to every replica.
 
 Per step, after all micro-batches' backward:
   1. ``sequence_parallel`` params (norm weights under SP): grads summed over the TP group
@@ -19,8 +23,10 @@ Per step, after all micro-batches' backward:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
@@ -112,3 +118,162 @@ class GradReducer:
         device = self.params[0].device if self.params else torch.device("cpu")  # NCCL needs device tensors
         return int(comm.all_reduce_sum(torch.tensor(float(n), dtype=torch.float64, device=device),
                                        self.topo.mp_group).item())
+
+
+# --- ZeRO-1: buckets sharded over DP ---------------------------------------------------------
+@dataclass
+class ShardBucket:
+    """Parameters reduced and updated together: one optimizer group, one dtype, TP-sharded or not.
+
+    Flat layout: the params' elements in order (``offsets[i]`` = start of ``params[i]``), zero
+    padded to ``shard_numel * dp``; DP rank r owns ``[r * shard_numel, (r + 1) * shard_numel)``.
+    """
+
+    params: list[nn.Parameter]
+    group: int  # index of the optimizer param group
+    offsets: list[int]
+    numel: int  # elements before padding
+    shard_numel: int
+    tensor_parallel: bool  # params sharded over TP (their grads count in the norm on every TP rank)
+
+    def owned(self, dp_rank: int) -> tuple[int, int]:
+        """[start, end) of this rank's shard in the flat bucket."""
+        return dp_rank * self.shard_numel, (dp_rank + 1) * self.shard_numel
+
+    def piece(self, i: int, dp_rank: int) -> tuple[int, int, int] | None:
+        """(start in params[i].view(-1), start in the shard, length) of what rank ``dp_rank`` owns of params[i]."""
+        lo, hi = self.owned(dp_rank)
+        a, b = max(lo, self.offsets[i]), min(hi, self.offsets[i] + self.params[i].numel())
+        return (a - self.offsets[i], a - lo, b - a) if a < b else None
+
+    def flatten(self, tensors: list[torch.Tensor | None], dp: int) -> torch.Tensor:
+        """The padded flat bucket of one tensor per param (None = zeros), in the params' dtype."""
+        p0 = self.params[0]
+        flat = torch.zeros(self.shard_numel * dp, dtype=p0.dtype, device=p0.device)
+        for t, off, p in zip(tensors, self.offsets, self.params):
+            if t is not None:
+                flat[off:off + p.numel()].copy_(t.reshape(-1))
+        return flat
+
+
+def shard_buckets(groups: list[list[nn.Parameter]], dp: int, bucket_bytes: int) -> list[ShardBucket]:
+    """Split each group's params into buckets of about ``bucket_bytes`` (a param is never split
+    across buckets), keyed by (group, dtype, TP-sharded). The same on every DP replica."""
+    buckets: list[ShardBucket] = []
+    for gi, params in enumerate(groups):
+        by_key: dict[tuple, list[nn.Parameter]] = {}
+        for p in params:
+            by_key.setdefault((p.dtype, bool(getattr(p, "tensor_parallel", False))), []).append(p)
+        for (_, tensor_parallel), ps in by_key.items():
+            current: list[nn.Parameter] = []
+            for p in ps + [None]:  # None flushes the last bucket
+                if p is not None:
+                    current.append(p)
+                size = sum(q.numel() * q.element_size() for q in current)
+                if current and (p is None or size >= bucket_bytes):
+                    offsets = [0]
+                    for q in current[:-1]:
+                        offsets.append(offsets[-1] + q.numel())
+                    numel = offsets[-1] + current[-1].numel()
+                    buckets.append(ShardBucket(current, gi, offsets, numel, -(-numel // dp), tensor_parallel))
+                    current = []
+    return buckets
+
+
+class ShardedGradReducer(GradReducer):
+    """``GradReducer`` for the distributed optimizer: after ``reduce`` this rank holds, per bucket,
+    the DP-averaged fp32 gradient of its shard (``grad_shards``); ``p.grad`` keeps the local,
+    unreduced gradient (do not read it as the step's gradient).
+
+    Args:
+        groups: the optimizer's param groups' params (this rank's TP shard of its PP stage), in
+            the same order on every DP replica.
+        topo: tp group (sequence-parallel grads), dp group (the shards), mp group (norm).
+    """
+
+    def __init__(self, groups: list[list[nn.Parameter]], topo: ParallelTopology, bucket_mb: float = 25.0) -> None:
+        super().__init__([p for g in groups for p in g], topo, bucket_mb)
+        self.buckets = shard_buckets(groups, topo.dp, self.bucket_bytes)
+        self.grad_shards: list[torch.Tensor | None] = [None] * len(self.buckets)
+
+    def reduce(self) -> None:
+        """SP grads summed over TP, then per bucket: reduce-scatter (sum) over DP and divide by dp
+        (the same two operations as the all-reduce path, so at DP=2 the shards are bitwise its values)."""
+        sp = [p for p in self.params if getattr(p, "sequence_parallel", False)]
+        self._reduce(sp, self.topo.tp_group, average=False)
+        dp = self.topo.dp
+        for i, b in enumerate(self.buckets):
+            flat = b.flatten([p.grad for p in b.params], dp)
+            shard = reduce_scatter_sum(flat, self.topo.dp_group)
+            self.grad_shards[i] = shard.div_(dp) if dp > 1 else shard
+
+    def clear(self) -> None:
+        self.grad_shards = [None] * len(self.buckets)
+
+    def global_norm(self) -> torch.Tensor:
+        """L2 norm of the whole model's gradient from the shards: summed over DP (each rank holds a
+        different shard) and over TP x PP (replicated params counted on TP rank 0 only)."""
+        counted = [g for b, g in zip(self.buckets, self.grad_shards)
+                   if g is not None and (b.tensor_parallel or self.topo.tp_rank == 0)]
+        device = self.params[0].device if self.params else torch.device("cpu")
+        sq = torch.zeros((), dtype=torch.float32, device=device)
+        if counted:
+            sq = torch.stack([n.float() for n in torch._foreach_norm(counted, 2.0)]).pow(2).sum()
+        comm.all_reduce_sum(sq, self.topo.dp_group)
+        return comm.all_reduce_sum(sq, self.topo.mp_group).sqrt()
+
+    def clip_(self, max_norm: float) -> torch.Tensor:
+        """Scale the grad shards so the global norm is <= ``max_norm``; rule as ``GradReducer.clip_``."""
+        norm = self.global_norm()
+        grads = [g for g in self.grad_shards if g is not None]
+        coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+        if grads:
+            torch._foreach_mul_(grads, coef.to(grads[0].device))
+        return norm
+
+    def param_shard(self, i: int) -> torch.Tensor:
+        """A flat copy of this rank's shard of bucket ``i``'s parameters (padding zeros)."""
+        b = self.buckets[i]
+        lo, hi = b.owned(self.topo.dp_rank)
+        return b.flatten([p.detach() for p in b.params], self.topo.dp)[lo:hi].clone()
+
+    @torch.no_grad()
+    def all_gather_params(self, i: int, shard: torch.Tensor) -> None:
+        """Every DP rank's updated ``shard`` of bucket ``i`` gathered into the parameters."""
+        b = self.buckets[i]
+        flat = all_gather_flat(shard, self.topo.dp_group)
+        for p, off in zip(b.params, b.offsets):
+            p.copy_(flat[off:off + p.numel()].view_as(p))
+
+
+def reduce_scatter_sum(flat: torch.Tensor, group: object) -> torch.Tensor:
+    """Sum ``flat`` (numel a multiple of the group size) over ``group``; returns this rank's
+    contiguous 1/n of the sum (a new tensor; ``flat`` itself when the group has one rank)."""
+    n = comm.group_size(group)
+    if n == 1:
+        return flat
+    out = torch.empty(flat.numel() // n, dtype=flat.dtype, device=flat.device)
+    dist.reduce_scatter_tensor(out, flat, op=dist.ReduceOp.SUM, group=group)
+    return out
+
+
+def all_gather_flat(shard: torch.Tensor, group: object) -> torch.Tensor:
+    """The shards of every rank of ``group`` concatenated in rank order (1-D)."""
+    n = comm.group_size(group)
+    if n == 1:
+        return shard
+    out = torch.empty(shard.numel() * n, dtype=shard.dtype, device=shard.device)
+    dist.all_gather_into_tensor(out, shard.contiguous(), group=group)
+    return out
+
+
+def gather_flat_to_first(shard: torch.Tensor, group: object) -> torch.Tensor | None:
+    """The shards of every rank of ``group`` concatenated in rank order on the group's rank 0
+    (None on the others): checkpointing the distributed optimizer without a full copy per rank."""
+    n = comm.group_size(group)
+    if n == 1:
+        return shard
+    dst = dist.get_global_rank(group, 0)
+    parts = [torch.empty_like(shard) for _ in range(n)] if comm.group_rank(group) == 0 else None
+    dist.gather(shard.contiguous(), parts, dst=dst, group=group)
+    return torch.cat(parts) if parts is not None else None

@@ -79,7 +79,7 @@ def adam_denominator(optimizer: torch.optim.Optimizer, param: torch.Tensor, fall
     (what Adam's first update divides by)."""
     group = next(g for g in optimizer.param_groups if any(p is param for p in g["params"]))
     eps, beta2 = group["eps"], group["betas"][1]
-    state = optimizer.state.get(param) or {}
+    state = _adam_state(optimizer, param)
     if "exp_avg_sq" not in state:
         return fallback_grad.abs() + eps
     step = float(state["step"])
@@ -434,8 +434,15 @@ def _empty_linear_sums(lin: PrecisionLinear, formats: tuple[str, ...]) -> dict[s
     }
 
 
+def _adam_state(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> dict[str, Any]:
+    """AdamW's state of ``param`` with whole tensors ({} before the first step). The distributed
+    optimizer gathers its DP shards (``full_state``: a collective, called alike on every DP rank)."""
+    full_state = getattr(optimizer, "full_state", None)
+    return full_state(param) if full_state is not None else (optimizer.state.get(param) or {})
+
+
 def _add_adam_norms(optimizer: torch.optim.Optimizer, param: torch.Tensor, s: dict[str, Any]) -> None:
-    state = optimizer.state.get(param) or {}
+    state = _adam_state(optimizer, param)
     if "exp_avg" in state:
         s["sq_m"] = float(state["exp_avg"].pow(2).sum())
         s["sq_v"] = float(state["exp_avg_sq"].pow(2).sum())

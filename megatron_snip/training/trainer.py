@@ -41,6 +41,7 @@ from megatron_snip.model.llama import LlamaModel
 from megatron_snip.model.shapes import linear_numel, model_linear_shapes
 from megatron_snip.parallel import comm
 from megatron_snip.parallel.ddp import GradReducer
+from megatron_snip.parallel.distributed_optimizer import DistributedOptimizer
 from megatron_snip.parallel.pipeline import schedule_for
 from megatron_snip.parallel.topology import ParallelTopology
 from megatron_snip.precision.backends import Backend, get_backend
@@ -159,9 +160,12 @@ class Trainer:
         self.model = LlamaModel(cfg.model, self.vocab_size, layers=self.topo.stage_layers(cfg.model.num_layers),
                                 pre_process=self.topo.is_first_stage, post_process=self.topo.is_last_stage,
                                 tp=self.tp).to(self.device)
-        self.grads = GradReducer(self.model.parameters(), self.topo)
+        self.model.set_recompute(t.recompute, t.recompute_every)
         self.schedule = schedule_for(self.topo, cfg.parallel.pp_schedule)
-        self.optimizer = build_optimizer(self.model, t, self.device)
+        self.optimizer = build_optimizer(self.model, t, self.device, self.topo)
+        # The distributed optimizer reduces into its own DP shards (parallel/distributed_optimizer.py).
+        self.grads = (self.optimizer.reducer if isinstance(self.optimizer, DistributedOptimizer)
+                      else GradReducer(self.model.parameters(), self.topo))
         # Stochastic rounding draws from one generator owned by the trainer and checkpointed. It is
         # seeded alike on every rank: DP replicas consume it identically, so DP rank 0's saved
         # state restores every replica exactly.
@@ -567,8 +571,8 @@ class Trainer:
 
         ``meta.json`` records the resolved config (compared on resume), the vocabulary size and
         how many bytes of ``metrics.jsonl`` belong to the run up to this step."""
+        state = self.state_dict()  # on every rank: the distributed optimizer gathers its DP shards here
         if self.topo.dp_rank == 0:
-            state = self.state_dict()
             state["layout"] = {"tp": self.topo.tp, "pp": self.topo.pp, "tp_rank": self.topo.tp_rank,
                                "pp_rank": self.topo.pp_rank, "layers": list(self.model.layer_ids)}
             ckpt.write_shard(self.ckpt_root, self.step, state, self.topo.tp_rank, self.topo.pp_rank)
