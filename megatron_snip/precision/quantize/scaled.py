@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from megatron_snip.precision.formats import Operand, get_format
-from megatron_snip.precision.quantize.blocks import check_operand_shape, scaled_elements, tensor_amax
+from megatron_snip.precision.gemm_shapes import operand_shape_error
+from megatron_snip.precision.quantize.blocks import scaled_elements, tensor_amax
 
 __all__ = ["SCALED_FORMATS", "ScaledOperand", "dequantize", "quantize_scaled"]
 
@@ -58,7 +59,9 @@ def quantize_scaled(
     operand = Operand(operand)
     if spec.name not in SCALED_FORMATS:
         raise ValueError(f"quantize_scaled: format {fmt!r} is not one of {SCALED_FORMATS}")
-    check_operand_shape(x.shape, spec, operand)
+    error = operand_shape_error(x.shape, spec, operand)
+    if error is not None:
+        raise ValueError(error)
     p = x.to(torch.float32).contiguous()  # rowwise: the same bits as the reference's colwise path
     amax = amax_reduce(tensor_amax(p)).to(torch.float32).reshape(()) if amax_reduce and spec.uses_tensor_amax else None
     elements, scale = scaled_elements(p, spec, operand, amax)
