@@ -67,8 +67,8 @@ def test_update_guard_names_the_last_good_checkpoint(small_overrides, tmp_path, 
 
 
 def test_consecutive_non_finite_steps_exit_non_zero_with_a_message(small_overrides, capsys, monkeypatch):
-    real = Trainer.forward_loss
-    monkeypatch.setattr(Trainer, "forward_loss", lambda self, tokens: real(self, tokens) * float("nan"))
+    real = Trainer._stage_forward  # every schedule's forward of one micro-batch
+    monkeypatch.setattr(Trainer, "_stage_forward", lambda self, tokens, x: real(self, tokens, x) * float("nan"))
     over = small_overrides + ["training.max_steps=6", "training.max_consecutive_skips=2"]
     code = train_cli.main(["--config", TINY, *sum((["--set", o] for o in over), [])])
     err = capsys.readouterr().err
@@ -186,7 +186,7 @@ def test_unwritable_directory_field(small_overrides, field):
 # --- item 10: plan files ---------------------------------------------------------------------------
 def _plan_json(cfg):
     from megatron_snip.precision.plan import PrecisionPlan
-    from megatron_snip.snip.costs import linear_numel, model_linear_shapes
+    from megatron_snip.model.shapes import linear_numel, model_linear_shapes
 
     return json.loads(PrecisionPlan.uniform("bf16", cfg.model.num_layers,
                                             linear_numel(model_linear_shapes(cfg.model))).to_json())

@@ -177,8 +177,11 @@ def test_checkpoint_shard_checksum_is_recorded_and_verified(tmp_path):
     ckpt.commit(root, 1, {"step": 1, "tp": 1, "pp": 1}, keep=2)
     assert ckpt.read_meta(root, 1)["shards"] == {ckpt.shard_name(): digest}
     assert ckpt.verify(root, 1)["step"] == 1
-    with pytest.raises(ValueError, match=r"saved with tp=1 pp=1 and has no shard_tp01_pp00.pt; resume with the same"):
-        ckpt.verify(root, 1, tp=2)
+    # another layout is no corruption: a distinct error (never set aside) that names the reshard command
+    with pytest.raises(ckpt.LayoutMismatchError, match=r"saved with tp=1 pp=1, this run has parallel.tp=2 "
+                                                       r"parallel.pp=1; .*reshard_checkpoint.py .* --tp 2 --pp 1"):
+        ckpt.latest_verified(root, tp=2)
+    assert ckpt.list_checkpoints(root) == [1]
 
 
 def test_pruning_never_deletes_checkpoints_newer_than_the_one_saved(tmp_path):
