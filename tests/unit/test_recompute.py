@@ -36,12 +36,12 @@ def _run(small_overrides, tmp_path, name: str, *extra: str) -> dict:
     snapshots = []
     real = ctl.replan
 
-    def replan(trainer, step):
-        plan = real(trainer, step)
-        snap = dict(trainer.extra_state["snip"]["last_stats"])
+    def replan(host, step):
+        result = real(host, step)  # a Replan: the host records it after this returns
+        snap = dict(result.snapshot)
         snap.pop("timings", None)
         snapshots.append(snap)
-        return plan
+        return result
 
     ctl.replan = replan
     tr.fit([ctl])
