@@ -152,6 +152,10 @@ class SnipConfig:
     propagation_sequences: int = 1  # sequences of the first probe batch for the exact dgrad-propagation pass
     solver_max_time: float = 10.0  # CP-SAT max_deterministic_time
     seed: int = 0
+    # Static baselines (bf16_ends without counts, layer_type, random) land within one decision unit
+    # above fp4_target, per pipeline stage, instead of wherever their rule puts them (layer_type's
+    # rule alone gives 0.667 at 0.5): what a fair comparison at equal FP4 share needs.
+    fair_share: bool = False
 
     def __post_init__(self) -> None:
         _finite("snip", self)

@@ -22,6 +22,16 @@ spec                plan
                     overshoots rho, it stays there - the point is the layer-type rule.
 ``random``          seeded random order of the decision units, FP4 until rho is met
                     (per stage when stages are given), the rest high precision
+
+With ``fair_share`` (``snip.fair_share``) the static rules become orders of protection instead:
+every unit starts in FP4 and, in the rule's order, each one moves to the high-precision candidate
+if the FP4 share of its pipeline stage stays >= rho. So each lands within one decision unit above
+rho, like the ILP policies, and a comparison runs every policy at the same share:
+
+  * ``bf16_ends`` (no counts): blocks from the ends inward (0, L-1, 1, L-2, ...), unit by unit;
+  * ``layer_type``: the protected types first (ends inward, first-listed type first), then the
+    others, ends inward - so a rule that overshoots rho protects more, one that misses it less;
+  * ``random``: a seeded random order.
 ``min_rel_err``     the SNIP ILP with cost = measured relative quantization error of each
                     GEMM's output (the paper's local-error baseline); needs ``costs``
 ``snip``            the SNIP ILP with the SNIP costs passed in; needs ``costs``
@@ -197,6 +207,7 @@ class PlanContext:
         step: training step the plan is made at.
         max_deterministic_time, num_workers: CP-SAT settings (see ``ilp.solve``).
         time_cost, time_budget: optional relative-time budget for the ILP (see ``ilp.Problem``).
+        fair_share: static policies protect units in their rule's order down to rho (module docstring).
     """
 
     num_layers: int
@@ -211,6 +222,7 @@ class PlanContext:
     num_workers: int = 1
     time_cost: Mapping[str, float] | None = None
     time_budget: float | None = None
+    fair_share: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.num_layers, bool) or not isinstance(self.num_layers, int) or self.num_layers < 1:
@@ -245,7 +257,7 @@ class PlanContext:
         return cls(num_layers=num_layers, linear_numel=linear_numel, formats=tuple(snip.formats),
                    fp4_target=snip.fp4_target, granularity=snip.granularity,
                    stage_of_layer=stage_of_layer(num_layers, pp), seed=snip.seed, step=step,
-                   max_deterministic_time=snip.solver_max_time)
+                   max_deterministic_time=snip.solver_max_time, fair_share=snip.fair_share)
 
     def at_step(self, step: int) -> PlanContext:
         """This context for a plan made at ``step``."""
@@ -325,6 +337,14 @@ def _bf16_ends(ctx: PlanContext, ends: tuple[int, int] | None) -> tuple[dict[Gem
                 f"policy bf16_ends:{first},{last} keeps {first + last} blocks in high precision but the model has "
                 f"only num_layers={num_layers}; choose first + last <= {num_layers}"
             )
+    elif ctx.fair_share:
+        rank = {layer: i for i, layer in enumerate(_ends_inward(num_layers))}
+        entries = _protect_down_to_target(ctx, sorted(_units(ctx), key=lambda u: rank[u[0].layer]))
+        whole = [layer for layer in range(num_layers)
+                 if all(f == ctx.high_format for g, f in entries.items() if g.layer == layer)]
+        first = next((i for i in range(num_layers) if i not in whole), num_layers)
+        last = next((i for i in range(num_layers) if num_layers - 1 - i not in whole), num_layers)
+        return entries, (first, last)  # the blocks fully protected at each end
     else:
         # Every block has the same FLOPs, so the share falls as the ends grow: take the
         # largest symmetric e whose share is still >= rho (closest from above).
@@ -336,6 +356,33 @@ def _bf16_ends(ctx: PlanContext, ends: tuple[int, int] | None) -> tuple[dict[Gem
             else:
                 break
     return _by_layer(ctx, _ends(num_layers, first, last)), (first, last)
+
+
+def _protect_down_to_target(ctx: PlanContext, order: list[tuple[GemmId, ...]]) -> dict[GemmId, str]:
+    """``fair_share``: all units FP4, then each unit of ``order`` (every unit, once) moves to the
+    high-precision candidate if its stage's FP4 share stays >= rho. A unit left in FP4 could not
+    move, so each stage's share is below rho + the weight of its lightest FP4 unit."""
+    hi, lo = ctx.high_format, ctx.fp4_format
+    numel = ctx.linear_numel
+    entries = {g: lo for u in order for g in u}
+    stage_of = ctx.stage_of_layer or {}
+    fp4: dict[int, int] = {}
+    need: dict[int, int] = {}
+    for stage in {stage_of.get(u[0].layer, 0) for u in order}:
+        members = {g: lo for u in order if stage_of.get(u[0].layer, 0) == stage for g in u}
+        fp4[stage], need[stage] = sum(numel[g.linear] for g in members), _need(members, numel, ctx.fp4_target)
+    for unit in order:
+        stage, weight = stage_of.get(unit[0].layer, 0), sum(numel[g.linear] for g in unit)
+        if fp4[stage] - weight >= need[stage]:
+            fp4[stage] -= weight
+            for g in unit:
+                entries[g] = hi
+    return entries
+
+
+def _ends_inward(num_layers: int) -> list[int]:
+    """Blocks from the ends inward: 0, L-1, 1, L-2, ..."""
+    return [layer for i in range((num_layers + 1) // 2) for layer in dict.fromkeys((i, num_layers - 1 - i))]
 
 
 def _ends(num_layers: int, first: int, last: int) -> set[int]:
@@ -351,6 +398,11 @@ def _units(ctx: PlanContext) -> list[tuple[GemmId, ...]]:
 
 
 def _layer_type(ctx: PlanContext, protected: tuple[str, ...]) -> dict[GemmId, str]:
+    if ctx.fair_share:
+        block = {layer: i for i, layer in enumerate(_ends_inward(ctx.num_layers))}
+        kind = {lin: i for i, lin in enumerate(protected + tuple(lin for lin in LINEARS if lin not in protected))}
+        order = sorted(_units(ctx), key=lambda u: (u[0].linear not in protected, block[u[0].layer], kind[u[0].linear]))
+        return _protect_down_to_target(ctx, order)
     hi, lo = ctx.high_format, ctx.fp4_format
     entries = {g: hi if g.linear in protected else lo for g in all_gemm_ids(ctx.num_layers)}
     if _meets(entries, ctx.linear_numel, ctx.fp4_target):
@@ -373,6 +425,8 @@ def _random(ctx: PlanContext) -> dict[GemmId, str]:
     hi, lo = ctx.high_format, ctx.fp4_format
     rng = np.random.default_rng(ctx.seed)
     units = _units(ctx)
+    if ctx.fair_share:
+        return _protect_down_to_target(ctx, [units[i] for i in rng.permutation(len(units))])
     entries = {g: hi for u in units for g in u}
     stage_of = ctx.stage_of_layer or {}
     groups: dict[int, list[tuple[GemmId, ...]]] = {}

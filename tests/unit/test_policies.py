@@ -240,3 +240,57 @@ def test_plan_context_for_run_takes_config_and_stages():
     assert PlanContext.for_run(snip, NUM_LAYERS, NUMEL, 1, fp4_target=0.9).fp4_target == 0.9
     with pytest.raises(ValueError, match="snip.fp4_target"):  # overrides are validated as the config is
         PlanContext.for_run(snip, NUM_LAYERS, NUMEL, 1, fp4_target=1.5)
+
+
+# --- fair_share: every static policy within one decision unit above rho -----------------------
+FAIR = ["bf16_ends", "layer_type", "layer_type:fc2", "random"]
+
+
+def _unit_weights(granularity: str) -> list[int]:
+    return [NUMEL[lin] * (3 if granularity == "layer" else 1) for lin in LINEARS]
+
+
+@pytest.mark.parametrize("spec", FAIR)
+@pytest.mark.parametrize("granularity", ["layer", "gemm"])
+@pytest.mark.parametrize("rho", [0.3, 0.5, 0.75, 0.8, 0.9])
+def test_fair_share_lands_within_one_decision_unit_above_rho(spec, granularity, rho):
+    total = sum(NUMEL.values()) * 3 * NUM_LAYERS
+    for stages in (None, STAGES):
+        plan = make_plan(spec, ctx(rho, granularity=granularity, fair_share=True, stage_of_layer=stages, seed=3))
+        lightest_fp4 = min(NUMEL[g.linear] * (3 if granularity == "layer" else 1)
+                           for g, f in plan.entries if f in FP4_FORMATS)
+        assert rho <= plan.fp4_flops_share < rho + lightest_fp4 * (2 if stages else 1) / total, (spec, stages)
+        if stages:
+            for stage in (0, 1):  # each stage meets rho, over by less than one of its units
+                assert rho <= stage_share(plan, stage) < rho + max(_unit_weights(granularity)) * 2 / total
+
+
+def test_fair_layer_type_keeps_its_rule_where_it_can():
+    # The rule alone (fc2, proj high) gives 0.64 > 0.5: fair_share protects more, the rule's types first.
+    rule, fair = make_plan("layer_type", ctx(0.5)), make_plan("layer_type", ctx(0.5, fair_share=True))
+    assert rule.fp4_flops_share > 0.6 and 0.5 <= fair.fp4_flops_share < 0.51
+    assert all(f == "fp8" for g, f in fair.entries if g.linear in ("fc2", "proj"))
+    # At 0.9 the rule misses rho; the protected types move to FP4, the middle blocks first
+    fair9 = dict(make_plan("layer_type", ctx(0.9, fair_share=True)).entries)
+    protected_ends = [fair9[GemmId(layer, "fc2", "fprop")] for layer in (0, NUM_LAYERS - 1)]
+    assert protected_ends == ["fp8", "fp8"] and all(f in FP4_FORMATS for g, f in fair9.items() if g.linear == "fc1")
+
+
+def test_fair_bf16_ends_is_the_recipe_when_whole_blocks_fit():
+    # 6 blocks at rho = 4/6: exactly the first and last block in high precision, as without fair_share
+    rho = 4 / 6
+    assert make_plan("bf16_ends", ctx(rho, fair_share=True)).entries == make_plan("bf16_ends", ctx(rho)).entries
+    # at 0.8 the rule gives up the ends entirely (share 1.0); fair_share protects the ends unit by unit
+    assert make_plan("bf16_ends", ctx(0.8)).fp4_flops_share == 1.0
+    fair = make_plan("bf16_ends", ctx(0.8, fair_share=True))
+    assert 0.8 <= fair.fp4_flops_share < 0.85
+    assert any(f == "fp8" for g, f in fair.entries if g.layer == 0)
+
+
+def test_fair_share_comes_from_the_config():
+    from megatron_snip.config import load_config
+
+    cfg = load_config("launch/configs/tiny.toml", ["snip.fair_share=true", "snip.fp4_target=0.5"])
+    numel = model_shapes.linear_numel(model_shapes.model_linear_shapes(cfg.model))
+    c = PlanContext.for_run(cfg.snip, cfg.model.num_layers, numel, pp=1)
+    assert c.fair_share and make_plan("layer_type", c).fp4_flops_share < 0.6
