@@ -68,6 +68,49 @@ def test_the_trainer_is_a_snip_host(small_overrides):
     tr.logger.close()
 
 
+def test_a_replan_is_a_value_the_host_records(small_overrides, tmp_path):
+    """``replan`` applies the plan and returns it with its snapshot and timings, writing nothing;
+    ``record_replan`` then writes the plan JSON, snapshot and PNG and the metrics line."""
+    cfg = load_config(TINY, small_overrides + SNIP)
+    tr = Trainer(cfg)
+    tr.train_step(0)
+    before = tr.plan
+    outcome = SnipController(cfg, tr).replan(tr, 2)
+    plans = tmp_path / "run" / "plans"
+    assert outcome.applied and outcome.plan is tr.plan and outcome.plan.step == 2
+    assert outcome.gemms_changed == sum(a != b for (_, a), (_, b) in zip(before.entries, tr.plan.entries)) > 0
+    assert outcome.snapshot["step"] == 2 and outcome.timings["replan_total_s"] > 0 and outcome.count == 1
+    assert sorted(p.name for p in plans.iterdir()) == ["step_000000.json"] and "snip" not in tr.extra_state
+    tr.record_replan(outcome)
+    assert sorted(p.name for p in plans.iterdir()) == ["step_000000.json", "step_000002.json", "step_000002.png",
+                                                       "step_000002_stats.json"]
+    assert PrecisionPlan.load(plans / "step_000002.json").hash == outcome.plan.hash
+    assert tr.extra_state["snip"]["replans"] == 1 and [p.step for p in tr.plan_history] == [0, 2]
+    tr.logger.close()
+    replan_rows = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+                   if "replan_fp4_share" in r]
+    assert [r["step"] for r in replan_rows] == [2] and "predicted_divergence" in replan_rows[0]
+
+
+def test_a_failed_solve_keeps_the_plan_and_records_only_why(small_overrides, tmp_path, monkeypatch):
+    from megatron_snip.snip import controller, ilp
+
+    def infeasible(*args, **kwargs):
+        raise ilp.InfeasibleError("no way")
+
+    cfg = load_config(TINY, small_overrides + SNIP + ["snip.policy=random"])
+    tr = Trainer(cfg)
+    before = tr.plan
+    monkeypatch.setattr(controller, "make_plan", infeasible)
+    outcome = SnipController(cfg, tr).replan(tr, 2)
+    assert not outcome.applied and outcome.plan is before and tr.plan is before
+    assert outcome.kept == f"solve failed (no way); keeping the previous plan {before.hash}"
+    tr.record_replan(outcome)
+    tr.logger.close()
+    assert sorted(p.name for p in (tmp_path / "run" / "plans").iterdir()) == ["step_000000.json"]
+    assert tr.plan_history == [before] and "snip" not in tr.extra_state
+
+
 def test_probe_micro_batches_follow_the_config(small_overrides):
     """snip.probe_micro_batch_size sets the probe's micro-batches (0: the training micro-batch); they
     are consecutive sequences from the step's data, this DP rank's share after the ranks before it."""
