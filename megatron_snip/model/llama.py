@@ -68,10 +68,11 @@ class Attention(nn.Module):
             raise ValueError(f"config model.num_kv_heads={cfg.num_kv_heads} must be divisible by parallel.tp={tp.size}")
         self.num_heads, self.num_groups = cfg.num_attention_heads // tp.size, cfg.num_kv_heads // tp.size  # local
         self.head_dim = cfg.head_dim
-        shapes = model_linear_shapes(cfg)  # (N, K): qkv G·(H/G+2)·Hd = (H+2G)·Hd outputs, proj H·Hd inputs
-        self.qkv = ColumnParallelLinear(*reversed(shapes["qkv"]), layer=layer, linear="qkv", init_std=cfg.init_std,
-                                        tp=tp, init_generator=_gen(seed, f"layers.{layer}.attn.qkv.weight"))
-        self.proj = RowParallelLinear(*reversed(shapes["proj"]), layer=layer, linear="proj",
+        # (N, K) = (out, in): qkv G·(H/G+2)·Hd = (H+2G)·Hd outputs of D, proj D outputs of H·Hd
+        (qkv_out, qkv_in), (proj_out, proj_in) = (model_linear_shapes(cfg)[lin] for lin in ("qkv", "proj"))
+        self.qkv = ColumnParallelLinear(qkv_in, qkv_out, layer=layer, linear="qkv", init_std=cfg.init_std, tp=tp,
+                                        init_generator=_gen(seed, f"layers.{layer}.attn.qkv.weight"))
+        self.proj = RowParallelLinear(proj_in, proj_out, layer=layer, linear="proj",
                                       init_std=scaled_init_std(cfg.init_std, cfg.num_layers), tp=tp,
                                       init_generator=_gen(seed, f"layers.{layer}.attn.proj.weight"))
         self.recompute_core = False  # set by LlamaModel.set_recompute
@@ -104,12 +105,13 @@ class SwiGLU(nn.Module):
 
     def __init__(self, cfg: ModelConfig, layer: int, tp: TensorParallel = UNSHARDED, seed: int | None = None) -> None:
         super().__init__()
-        shapes = model_linear_shapes(cfg)  # (N, K): fc1 (2F, D) = [gate; up], fc2 (D, F)
+        # (N, K) = (out, in): fc1 (2F, D) = [gate; up], fc2 (D, F)
+        (fc1_out, fc1_in), (fc2_out, fc2_in) = (model_linear_shapes(cfg)[lin] for lin in ("fc1", "fc2"))
         # partitions=2: gate and up are sharded separately, so the local output is [gate_r; up_r].
-        self.fc1 = ColumnParallelLinear(*reversed(shapes["fc1"]), layer=layer, linear="fc1",
+        self.fc1 = ColumnParallelLinear(fc1_in, fc1_out, layer=layer, linear="fc1",
                                         init_std=cfg.init_std, tp=tp, partitions=2,
                                         init_generator=_gen(seed, f"layers.{layer}.mlp.fc1.weight"))
-        self.fc2 = RowParallelLinear(*reversed(shapes["fc2"]), layer=layer, linear="fc2",
+        self.fc2 = RowParallelLinear(fc2_in, fc2_out, layer=layer, linear="fc2",
                                      init_std=scaled_init_std(cfg.init_std, cfg.num_layers), tp=tp,
                                      init_generator=_gen(seed, f"layers.{layer}.mlp.fc2.weight"))
 
