@@ -36,6 +36,7 @@ from megatron_snip.parallel import comm
 from megatron_snip.parallel.ddp import GradReducer
 from megatron_snip.parallel.pipeline import run_schedule
 from megatron_snip.parallel.topology import ParallelTopology
+from megatron_snip.precision import fallbacks
 from megatron_snip.precision.backends import Backend, get_backend
 from megatron_snip.precision.capability import require
 from megatron_snip.precision.plan import GemmId, PrecisionPlan, all_gemm_ids
@@ -339,6 +340,8 @@ class Trainer:
             t0 = time.perf_counter()
             res = self.train_step(step)
             dt = time.perf_counter() - t0
+            for line in fallbacks.drain():  # a faster quantizer/GEMM path fell back: say so once
+                self.logger.info(line)
             self.step = step + 1
             if res.skipped:
                 self.skipped_steps += 1

@@ -16,11 +16,12 @@ import warnings
 import pytest
 import torch
 
+from megatron_snip.precision import fallbacks
 from megatron_snip.precision.backends import get_backend
 from megatron_snip.precision.backends.scaled_mm import OPERAND_PAIRS, ScaledMMGemm, scaled_mm_support
 from megatron_snip.precision.capability import check
 from megatron_snip.precision.formats import Operand
-from megatron_snip.precision.gemm import emulated_gemm, quant_linear
+from megatron_snip.precision.gemm import emulated_gemm
 from megatron_snip.precision.plan import GemmPrecision
 from megatron_snip.precision.quantize import quantize
 from megatron_snip.precision.quantize.scaled import SCALED_FORMATS, dequantize, quantize_scaled
@@ -99,17 +100,20 @@ def test_per_gemm_plan_runs_each_gemm_in_its_format_and_records_fallbacks_once()
     x, w, dy = torch.randn(2, 64, 128, generator=g), torch.randn(128, 128, generator=g) / 11, torch.randn(2, 64, 128, generator=g)
     torch_be, emulated = get_backend("torch"), get_backend("emulated")
     mixed = GemmPrecision("fp8", "nvfp4", "fp8_block")  # real fp8 fprop; nvfp4 (SR) and fp8_block emulated on CPU
+    got = _run(torch_be, x, w, dy, mixed)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        got = _run(torch_be, x, w, dy, mixed)
-        _run(torch_be, x, w, dy, mixed)  # a second step warns no more
+        _run(torch_be, x, w, dy, mixed)  # a second step records and warns no more
+    assert not [w_ for w_ in caught if "runs the emulated GEMM" in str(w_.message)]
     want = _run(emulated, x, w, dy, mixed)
     assert torch.allclose(got[0], want[0], rtol=1e-5, atol=1e-5 * want[0].abs().max().item())
     assert bits_equal(got[1], want[1]) and bits_equal(got[2], want[2])  # fallbacks are the emulated GEMM itself
     assert sorted(torch_be.fallbacks) == ["fp8_block gradient x activation on cpu", "nvfp4 gradient x weight on cpu"]
     assert "no scaled-mm path for nvfp4" in torch_be.fallbacks["nvfp4 gradient x weight on cpu"]
     assert "Invalid scaling configuration" in torch_be.fallbacks["fp8_block gradient x activation on cpu"]
-    assert len([w_ for w_ in caught if "runs the emulated GEMM" in str(w_.message)]) == 2
+    logged = fallbacks.recorded()
+    assert "torch backend nvfp4 gradient x weight on cpu runs the emulated GEMM" in logged
+    assert "torch backend fp8_block gradient x activation on cpu runs the emulated GEMM" in logged
 
 
 def test_autocast_does_not_change_the_torch_backend_gemms():

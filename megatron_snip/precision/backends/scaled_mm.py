@@ -13,7 +13,8 @@ linear, each in the format its plan entry names):
     swizzled scale layouts, which nothing here could validate) - and any GEMM whose
     scaled-mm this device's torch refuses - runs the emulated GEMM for that GEMM only.
     Each such fallback is recorded once per (format, operand pair, device) in
-    ``ScaledMMGemm.fallbacks`` with its reason and warned about once (RuntimeWarning).
+    ``ScaledMMGemm.fallbacks`` with its reason, warned about once and written to the run's
+    text log (``precision/fallbacks.py``).
 
 The quantized elements and scales are the reference quantizer's, bit for bit
 (``quantize.scaled.quantize_scaled``: ``elements * scales == quantize(x)``); the GEMM
@@ -31,11 +32,11 @@ are refused ("Invalid scaling configuration").
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 
 import torch
 
+from megatron_snip.precision import fallbacks
 from megatron_snip.precision.backends import Backend
 from megatron_snip.precision.formats import Operand, get_format
 from megatron_snip.precision.gemm import emulated_gemm, quant_linear
@@ -134,7 +135,7 @@ class ScaledMMGemm:
         key = f"{fmt} {a_kind.value} x {b_kind.value} on {_device_key(device)}"
         if key not in self.fallbacks:
             self.fallbacks[key] = reason
-            warnings.warn(f"torch backend: {key} runs the emulated GEMM: {reason}", RuntimeWarning, stacklevel=4)
+            fallbacks.record(f"torch backend {key} runs the emulated GEMM", reason)
 
     def __call__(self, fmt: str, a: torch.Tensor, a_kind: Operand, b: torch.Tensor, b_kind: Operand, *,
                  hadamard: bool, amax_reduce: AmaxReduce | None, generator: torch.Generator | None,

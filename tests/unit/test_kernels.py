@@ -1,0 +1,108 @@
+"""Triton quantize kernels (kernels/quantize.py) vs the reference quantizers, bit for bit, under the
+Triton interpreter on CPU (TRITON_INTERPRET=1, numpy semantics: what a GPU computes for the
+exact operations the kernels restrict themselves to; scripts/gpu_check.sh repeats this on CUDA).
+
+Input classes are the reference tests' (tests/unit/test_quantize.py): scaled Gaussians, a
+single outlier, all-zero blocks, subnormals, E4M3/E2M1 midpoints, values past the element
+max, NaN and Inf, bf16 inputs; every format, operand kind (weights with 2-D blocks, gradients
+with stochastic rounding), both layouts, with and without the wgrad Hadamard transform and
+with a TP-reduced amax. Tensors stay small: the interpreter runs a tile at a time in numpy.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import pytest
+import torch
+
+if "kernels.quantize" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("kernels.quantize was imported for a GPU in this process; run this file alone on CPU",
+                allow_module_level=True)
+if importlib.util.find_spec("triton") is None:
+    pytest.skip('triton is not installed (pip install -e ".[kernels]")', allow_module_level=True)
+os.environ["TRITON_INTERPRET"] = "1"  # before kernels.quantize is imported: triton.jit reads it then
+
+from kernels.quantize import qdq  # noqa: E402
+from megatron_snip.precision.formats import FORMATS, Operand, get_format  # noqa: E402
+from megatron_snip.precision.quantize.blocks import _qdq  # noqa: E402
+from megatron_snip.precision.quantize.noise import draw_seeds  # noqa: E402
+
+LOW_PRECISION = [f for f in FORMATS if f != "bf16"]
+# numpy's warnings for the IEEE overflows and divisions by zero the kernels rely on (Inf -> saturation)
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",
+                                        "ignore:divide by zero:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    na, nb = torch.isnan(a), torch.isnan(b)
+    return torch.equal(na, nb) and torch.equal(a[~na].contiguous().view(torch.int32), b[~nb].contiguous().view(torch.int32))
+
+
+def input_classes(rows: int, cols: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(rows, cols, generator=g) * torch.rand(rows, 1, generator=g).mul(12).sub(6).exp2()
+    out = {"gaussian": x}
+    y = x.clone()
+    y[1, 5] = 7e4  # one outlier per tensor/block row
+    out["outlier"] = y
+    z = x.clone()
+    z[:, :32] = 0.0  # all-zero blocks (every block layout here is <= 32 wide or covers it)
+    z[: min(rows, 16)] = 0.0
+    out["zero_blocks"] = z
+    out["subnormal"] = torch.randn(rows, cols, generator=g) * 2.0**-133
+    mid = torch.tensor([1.0625, 1.1875, 0.75, 1.25, 2.5, 5.0, 0.25, 3.5])  # E4M3 and E2M1 ties
+    out["midpoints"] = mid[torch.randint(0, 8, (rows, cols), generator=g)] * torch.randint(-4, 5, (1, cols), generator=g).exp2()
+    out["past_max"] = x * 1e5
+    n = x.clone()
+    n[2, 3], n[rows - 1, cols - 1], n[3, 17] = float("nan"), float("inf"), -float("inf")
+    out["nan_inf"] = n
+    out["bf16"] = x.to(torch.bfloat16).float()  # quantize() converts bf16 to fp32 before _qdq
+    return out
+
+
+def _check(fmt: str, operand: Operand, rows: int, cols: int, hadamard: bool, classes=None) -> None:
+    spec = get_format(fmt)
+    gen = torch.Generator().manual_seed(1)
+    for name, x in input_classes(rows, cols).items():
+        if classes and name not in classes:
+            continue
+        for colwise in (False, True):
+            p = x.t().contiguous() if colwise else x
+            seeds = draw_seeds(gen, "cpu") if spec.stochastic_for(operand) else None
+            want = _qdq(p, spec, operand, hadamard, colwise, None, seeds)
+            got = qdq(p, spec, operand, hadamard, colwise, None, seeds)
+            assert bits_equal(got, want), (fmt, operand.value, name, hadamard, colwise,
+                                           int((got.view(torch.int32) != want.view(torch.int32)).sum()))
+
+
+@pytest.mark.parametrize("fmt", LOW_PRECISION)
+@pytest.mark.parametrize("operand", [Operand.ACTIVATION, Operand.GRADIENT])
+def test_1d_blocks_and_tensor_scaling_match_reference(fmt, operand):
+    _check(fmt, operand, 24, 256, hadamard=False)  # 24 rows: a partial row tile is masked
+
+
+@pytest.mark.parametrize("fmt", LOW_PRECISION)
+def test_weights_match_reference(fmt):
+    rows = 128 if fmt == "fp8_block" else 32  # 128x128 blocks need one full block row
+    _check(fmt, Operand.WEIGHT, rows, 128, hadamard=False,
+           classes=None if fmt != "fp8_block" else ("gaussian", "zero_blocks", "nan_inf", "midpoints"))
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8", "fp8", "bf16"])
+def test_wgrad_hadamard_matches_reference(fmt):
+    # nvfp4 rotates inside its 16-blocks; the others rotate in a pass of their own first
+    _check(fmt, Operand.GRADIENT, 16, 128, hadamard=True, classes=("gaussian", "nan_inf", "midpoints"))
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_given_tensor_amax_matches_reference(fmt):
+    x = input_classes(16, 64)["gaussian"]
+    spec = get_format(fmt)
+    amax = x.abs().amax() * 3  # the unsharded tensor's amax, larger than this shard's
+    for h in (False, True):
+        for operand in (Operand.ACTIVATION, Operand.GRADIENT):
+            seeds = draw_seeds(torch.Generator().manual_seed(2), "cpu") if spec.stochastic_for(operand) else None
+            assert bits_equal(qdq(x, spec, operand, h, False, amax, seeds), _qdq(x, spec, operand, h, False, amax, seeds))
