@@ -44,7 +44,7 @@ from megatron_snip.precision.quantize.blocks import (
 from megatron_snip.precision.quantize.hadamard import RHT_SIGNS, RHT_SIZE
 from megatron_snip.precision.quantize.noise import _MIX_MUL1, _MIX_MUL2
 
-__all__ = ["qdq"]
+__all__ = ["qdq", "scaled_operand"]
 
 _SCALING_CODE = {Scaling.NONE: 0, Scaling.TENSOR: 1, Scaling.BLOCK_POW2: 2, Scaling.BLOCK_E8M0: 3,
                  Scaling.BLOCK_E4M3_TENSOR: 4}
@@ -118,18 +118,21 @@ def _butterfly(v, TR: tl.constexpr, NB: tl.constexpr, H: tl.constexpr):
 
 @triton.jit
 def _qdq_kernel(
-    x_ptr, y_ptr, scalars_ptr, seeds_ptr,
+    x_ptr, y_ptr, scalars_ptr, seeds_ptr, s_ptr,
     rows, cols, stride_r, stride_c,
     TR: tl.constexpr, NB: tl.constexpr, BS: tl.constexpr, BLOCK_2D: tl.constexpr,
     SCALING: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MBITS: tl.constexpr, MAXV: tl.constexpr,
     ROUND_UP: tl.constexpr, MAX_MANT: tl.constexpr, SR: tl.constexpr, HADAMARD: tl.constexpr,
-    RHT_NEG: tl.constexpr, F32MAX: tl.constexpr,
+    RHT_NEG: tl.constexpr, F32MAX: tl.constexpr, OUT_ELEMENTS: tl.constexpr,
 ):
     """Quantize-dequantize one [TR rows] x [NB blocks of BS columns] tile of the logical operand.
 
     SCALING: 0 none (Hadamard only), 1 tensor (scalars = scale, scale_inv), 2 pow2 blocks,
     3 E8M0 blocks, 4 NVFP4 (scalars = s_enc * fl32(1/6), s_dec, tensor amax).
     BLOCK_2D: a block spans all TR rows (2-D weight blocks, TR = block rows).
+    OUT_ELEMENTS (SCALING 1, 2): store the on-grid elements (before the decode scale) into
+    y_ptr, a row-major (rows, cols) float8 tensor, and the block decode scales into s_ptr
+    (row-major (rows / block rows, cols / BS)) - the operands of a scaled-mm.
     """
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -139,7 +142,7 @@ def _qdq_kernel(
     c3 = c[None, :, :]
     mask = (r3 < rows) & (c3 < cols)
     offs = r3.to(tl.int64) * stride_r + c3.to(tl.int64) * stride_c
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # bf16 -> fp32 is exact
 
     if HADAMARD:  # x · diag(s) · H16 / 4 along each 16-block (BS == 16), the reference's order
         idx = tl.arange(0, 16)
@@ -166,7 +169,9 @@ def _qdq_kernel(
     elif SCALING == 1:
         scale = tl.load(scalars_ptr)
         scale_inv = tl.load(scalars_ptr + 1)
-        y = _round_element(x * scale, noise, EMIN, EMAX, MBITS, MAXV, SR) * scale_inv
+        y = _round_element(x * scale, noise, EMIN, EMAX, MBITS, MAXV, SR)
+        if not OUT_ELEMENTS:
+            y = y * scale_inv
     else:
         # block amax as the int32 max of |x|'s bit patterns: NaN-propagating, exact
         bits = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2)  # [TR, NB]
@@ -179,7 +184,18 @@ def _qdq_kernel(
             k = tl.minimum(tl.maximum(k, -127), 127)
             k = tl.where(amax == 0.0, 0, k)
             scale_inv = tl.where(finite, _exp2i(-k), float("nan"))
-            y = _round_element(x * _exp2i(k), noise, EMIN, EMAX, MBITS, MAXV, SR) * scale_inv
+            y = _round_element(x * _exp2i(k), noise, EMIN, EMAX, MBITS, MAXV, SR)
+            if OUT_ELEMENTS:
+                blk = pid_c * NB + tl.arange(0, NB)
+                if BLOCK_2D:
+                    s_offs = pid_r * (cols // BS) + blk[None, :]
+                    s_mask = blk[None, :] < cols // BS
+                else:
+                    s_offs = r[:, None] * (cols // BS) + blk[None, :]
+                    s_mask = (r[:, None] < rows) & (blk[None, :] < cols // BS)
+                tl.store(s_ptr + s_offs, tl.reshape(scale_inv, [scale_inv.shape[0], NB]), mask=s_mask)
+            else:
+                y = y * scale_inv
         elif SCALING == 3:
             k = _floor_log2(amax) - EMAX
             if ROUND_UP:
@@ -197,7 +213,10 @@ def _qdq_kernel(
             v = x * enc
             v = tl.where(v > MAXV, MAXV, tl.where(v < -MAXV, -MAXV, v))  # clamp, NaN kept
             y = _round_element(v, noise, EMIN, EMAX, MBITS, MAXV, SR) * s_block * s_dec
-    tl.store(y_ptr + offs, y, mask=mask)
+    if OUT_ELEMENTS:  # logical row-major, whatever the input layout (scaled-mm wants that)
+        tl.store(y_ptr + r3.to(tl.int64) * cols + c3, y, mask=mask)
+    else:
+        tl.store(y_ptr + offs, y, mask=mask)
 
 
 def _tile(spec: Format, operand: Operand, hadamard: bool) -> tuple[int, int, int, bool]:
@@ -241,13 +260,53 @@ def qdq(p: torch.Tensor, spec: Format, operand: Operand, hadamard: bool, colwise
         scalars[0], scalars[1], scalars[2] = s_enc * _RCP_E2M1_MAX, s_dec, a
     tr, nb, bs, block_2d = _tile(spec, operand, hadamard)
     y = torch.empty_like(p)
+    _launch(p, y, scalars, seeds, scalars, rows, cols, stride_r, stride_c, spec, elem, tr, nb, bs, block_2d,
+            hadamard, out_elements=False)
+    return y
+
+
+def _launch(x, y, scalars, seeds, scales_out, rows, cols, stride_r, stride_c, spec, elem, tr, nb, bs, block_2d,
+            hadamard, out_elements) -> None:
     grid = (triton.cdiv(rows, tr), triton.cdiv(cols, nb * bs))
     _qdq_kernel[grid](
-        p, y, scalars, seeds if seeds is not None else scalars, rows, cols, stride_r, stride_c,
+        x, y, scalars, seeds if seeds is not None else scalars, scales_out, rows, cols, stride_r, stride_c,
         TR=tr, NB=nb, BS=bs, BLOCK_2D=block_2d, SCALING=_SCALING_CODE[spec.scaling],
         EMIN=elem.emin, EMAX=elem.emax, MBITS=elem.mbits, MAXV=elem.max,
         ROUND_UP=bool(spec.e8m0_round_up), MAX_MANT=_MAX_MANTISSA_BITS[elem.name],
         SR=seeds is not None, HADAMARD=hadamard, RHT_NEG=_RHT_NEG_MASK, F32MAX=_F32_MAX,
-        enable_fp_fusion=False,
+        OUT_ELEMENTS=out_elements, enable_fp_fusion=False,
     )
-    return y
+
+
+_FLOAT8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+
+
+def scaled_operand(x: torch.Tensor, spec: Format, operand: Operand,
+                   amax: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize.blocks.scaled_elements`` + the float8 cast in one pass: a scaled-mm's operand.
+
+    Args:
+        x: (rows, cols) logical operand, any float dtype, any strides (a transposed view is
+            read in place); reduction dim last.
+        spec: ``fp8`` (per-tensor scales) or ``fp8_block`` (power-of-two blocks).
+        amax: tensor amax reduced over TP, or None for the local one (``fp8`` only).
+    Returns:
+        (elements: row-major (rows, cols) float8, decode scales: fp32 0-d or
+         (rows / br, cols / bc)) - the values ``scaled_elements`` returns, bit for bit.
+    """
+    assert spec.scaling in (Scaling.TENSOR, Scaling.BLOCK_POW2) and x.dim() == 2
+    elem = spec.element_for(operand)
+    rows, cols = x.shape
+    scalars = torch.zeros(4, dtype=torch.float32, device=x.device)
+    if spec.scaling is Scaling.TENSOR:
+        scale, scale_inv = _tensor_scales(x.abs().amax().float() if amax is None else amax, elem)
+        scalars[0], scalars[1] = scale, scale_inv
+        scales_out = scale_inv
+    else:
+        br, bc = spec.block_for(operand)
+        scales_out = torch.empty(rows // br, cols // bc, dtype=torch.float32, device=x.device)
+    tr, nb, bs, block_2d = _tile(spec, operand, False)
+    elements = torch.empty(rows, cols, dtype=_FLOAT8[elem.name], device=x.device)
+    _launch(x, elements, scalars, None, scales_out, rows, cols, x.stride(0), x.stride(1), spec, elem, tr, nb, bs,
+            block_2d, False, out_elements=True)
+    return elements, scales_out

@@ -106,3 +106,28 @@ def test_given_tensor_amax_matches_reference(fmt):
         for operand in (Operand.ACTIVATION, Operand.GRADIENT):
             seeds = draw_seeds(torch.Generator().manual_seed(2), "cpu") if spec.stochastic_for(operand) else None
             assert bits_equal(qdq(x, spec, operand, h, False, amax, seeds), _qdq(x, spec, operand, h, False, amax, seeds))
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_block"])
+@pytest.mark.parametrize("operand", list(Operand))
+def test_scaled_operands_match_reference(fmt, operand):
+    # The torch backend's operands: float8 elements (row-major, whatever the input layout)
+    # and decode scales, as quantize.blocks.scaled_elements computes them.
+    from kernels.quantize import scaled_operand
+    from megatron_snip.precision.quantize import quantize
+    from megatron_snip.precision.quantize.blocks import scaled_elements
+    from megatron_snip.precision.quantize.scaled import ScaledOperand, dequantize
+
+    spec = get_format(fmt)
+    rows = 128 if operand is Operand.WEIGHT and fmt == "fp8_block" else 24
+    classes = input_classes(rows, 256)
+    for name, x in classes.items():
+        if rows == 128 and name not in ("gaussian", "zero_blocks", "nan_inf"):
+            continue
+        for view in (x, x.t().contiguous().t(), x.to(torch.bfloat16) if name == "bf16" else x):
+            elements, scale = scaled_operand(view, spec, operand, None)
+            want_e, want_s = scaled_elements(view.float().contiguous(), spec, operand, None)
+            assert elements.is_contiguous() and bits_equal(scale, want_s), (fmt, operand.value, name)
+            if name != "nan_inf":  # the interpreter's float8 cast maps NaN to -max (a GPU keeps NaN)
+                assert torch.equal(elements.float(), want_e), (fmt, operand.value, name)
+            assert bits_equal(dequantize(ScaledOperand(elements, scale)), quantize(view, fmt, operand))

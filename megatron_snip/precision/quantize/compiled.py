@@ -145,19 +145,26 @@ def _run_compiled(p: torch.Tensor, spec: Format, operand: Operand, hadamard: boo
             return None
 
 
-_KERNELS: list = []  # [kernels.quantize.qdq] once imported, [None] when unavailable or failed
+_KERNELS: list = []  # [the kernels.quantize module] once imported, [None] when unavailable or failed
 
 
-def _kernel_qdq() -> Callable[..., torch.Tensor] | None:
+def cuda_kernels() -> types.ModuleType | None:
+    """``kernels.quantize`` for CUDA operands, or None (unavailable or failed: recorded once)."""
     if not _KERNELS:
         try:
-            from kernels.quantize import qdq
+            import kernels.quantize as module
         except Exception as e:  # noqa: BLE001 - ImportError, or Triton failing to initialize
             fallbacks.record("Triton quantize kernels unavailable (CUDA quantizers run in PyTorch)",
                              f"{_first_line(e)}; install them with pip install -e \".[kernels]\"")
-            qdq = None
-        _KERNELS.append(qdq)
+            module = None
+        _KERNELS.append(module)
     return _KERNELS[0]
+
+
+def kernel_failed(e: BaseException) -> None:
+    """Stop using the kernels in this process after one failed to build or launch; recorded once."""
+    _KERNELS[:] = [None]
+    fallbacks.record("Triton quantize kernels failed (CUDA quantizers run in PyTorch)", _first_line(e))
 
 
 def _run_qdq(
@@ -171,12 +178,11 @@ def _run_qdq(
     compiled: bool,
 ) -> torch.Tensor:
     """``blocks._qdq`` through the fastest variant that runs here (see the module docstring)."""
-    if p.device.type == "cuda" and _kernel_qdq() is not None:
+    if p.device.type == "cuda" and cuda_kernels() is not None:
         try:
-            return _KERNELS[0](p, spec, operand, hadamard, colwise, amax, seeds)
+            return cuda_kernels().qdq(p, spec, operand, hadamard, colwise, amax, seeds)
         except Exception as e:  # noqa: BLE001 - a kernel that fails to build or launch: fall back, once
-            _KERNELS[0] = None
-            fallbacks.record("Triton quantize kernels failed (CUDA quantizers run in PyTorch)", _first_line(e))
+            kernel_failed(e)
     if compiled and not _COMPILE_ERROR:
         y = _run_compiled(p, spec, operand, hadamard, colwise, amax, seeds)
         if y is not None:
