@@ -25,6 +25,7 @@ if importlib.util.find_spec("triton") is None:
     pytest.skip('triton is not installed (pip install -e ".[kernels]")', allow_module_level=True)
 os.environ["TRITON_INTERPRET"] = "1"  # before kernels.quantize is imported: triton.jit reads it then
 
+from kernels.cases import input_classes  # noqa: E402
 from kernels.quantize import qdq  # noqa: E402
 from megatron_snip.precision.formats import FORMATS, Operand, get_format  # noqa: E402
 from megatron_snip.precision.quantize.blocks import _qdq  # noqa: E402
@@ -39,28 +40,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarn
 def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     na, nb = torch.isnan(a), torch.isnan(b)
     return torch.equal(na, nb) and torch.equal(a[~na].contiguous().view(torch.int32), b[~nb].contiguous().view(torch.int32))
-
-
-def input_classes(rows: int, cols: int) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(7)
-    x = torch.randn(rows, cols, generator=g) * torch.rand(rows, 1, generator=g).mul(12).sub(6).exp2()
-    out = {"gaussian": x}
-    y = x.clone()
-    y[1, 5] = 7e4  # one outlier per tensor/block row
-    out["outlier"] = y
-    z = x.clone()
-    z[:, :32] = 0.0  # all-zero blocks (every block layout here is <= 32 wide or covers it)
-    z[: min(rows, 16)] = 0.0
-    out["zero_blocks"] = z
-    out["subnormal"] = torch.randn(rows, cols, generator=g) * 2.0**-133
-    mid = torch.tensor([1.0625, 1.1875, 0.75, 1.25, 2.5, 5.0, 0.25, 3.5])  # E4M3 and E2M1 ties
-    out["midpoints"] = mid[torch.randint(0, 8, (rows, cols), generator=g)] * torch.randint(-4, 5, (1, cols), generator=g).exp2()
-    out["past_max"] = x * 1e5
-    n = x.clone()
-    n[2, 3], n[rows - 1, cols - 1], n[3, 17] = float("nan"), float("inf"), -float("inf")
-    out["nan_inf"] = n
-    out["bf16"] = x.to(torch.bfloat16).float()  # quantize() converts bf16 to fp32 before _qdq
-    return out
 
 
 def _check(fmt: str, operand: Operand, rows: int, cols: int, hadamard: bool, classes=None) -> None:
