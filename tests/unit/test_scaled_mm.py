@@ -152,3 +152,23 @@ def test_trainer_runs_with_the_torch_backend(small_overrides):
     rows = [json.loads(line) for line in (tr.run_dir / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in rows if "loss" in r]
     assert tr.step == 2 and losses and all(math.isfinite(v) for v in losses)
+
+
+@needs_cpu_fp8
+def test_a_refused_gemm_falls_back_without_a_second_amax_reduction(monkeypatch):
+    from megatron_snip.precision.backends import scaled_mm
+
+    def refuse(a, b):
+        raise RuntimeError("mat2 must be col_major")
+
+    monkeypatch.setattr(scaled_mm, "_mm", refuse)
+    runner = ScaledMMGemm()
+    calls = []
+    reduce = lambda amax: calls.append(1) or amax  # noqa: E731 - stands for the TP all-reduce
+    g = torch.Generator().manual_seed(4)
+    a, b = torch.randn(32, 64, generator=g), torch.randn(48, 64, generator=g)
+    kw = {"hadamard": False, "generator": None, "compiled": False}
+    got = runner("fp8", a, Operand.ACTIVATION, b, Operand.WEIGHT, amax_reduce=reduce, **kw)
+    assert len(calls) == 2  # once per operand, as the emulated GEMM does
+    want = emulated_gemm("fp8", a, Operand.ACTIVATION, b, Operand.WEIGHT, amax_reduce=None, **kw)
+    assert bits_equal(got, want) and "col_major" in runner.fallbacks["fp8 activation x weight on cpu"]

@@ -41,7 +41,7 @@ from megatron_snip.precision.backends import Backend
 from megatron_snip.precision.formats import Operand, get_format
 from megatron_snip.precision.gemm import emulated_gemm, quant_linear
 from megatron_snip.precision.plan import GemmPrecision
-from megatron_snip.precision.quantize.scaled import SCALED_FORMATS, ScaledOperand, quantize_scaled
+from megatron_snip.precision.quantize.scaled import SCALED_FORMATS, ScaledOperand, dequantize, quantize_scaled
 
 __all__ = ["SCALED_FORMATS", "ScaledMMGemm", "TorchBackend", "scaled_mm_support"]
 
@@ -149,8 +149,16 @@ class ScaledMMGemm:
             return emulated_gemm(fmt, a, a_kind, b, b_kind, hadamard=hadamard, amax_reduce=amax_reduce,
                                  generator=generator, compiled=compiled)
         assert not hadamard and not get_format(fmt).stochastic_gradients  # SCALED_FORMATS have neither
-        return _mm(quantize_scaled(a, fmt, a_kind, amax_reduce=amax_reduce),
-                   quantize_scaled(b, fmt, b_kind, amax_reduce=amax_reduce))
+        qa = quantize_scaled(a, fmt, a_kind, amax_reduce=amax_reduce)
+        qb = quantize_scaled(b, fmt, b_kind, amax_reduce=amax_reduce)
+        try:
+            return _mm(qa, qb)
+        except (RuntimeError, ValueError) as e:  # a shape or layout this scaled-mm refuses (probe passed)
+            self._fallback(fmt, a_kind, b_kind, a.device, f"torch._scaled_mm refused a {tuple(a.shape)} x "
+                                                           f"{tuple(b.shape)} GEMM: {type(e).__name__}: {e}")
+            # the emulated GEMM from the same operands (dequantize() is quantize()'s result bit for
+            # bit), so amax_reduce's collective is not run twice
+            return dequantize(qa) @ dequantize(qb).t()
 
 
 class TorchBackend(Backend):
