@@ -172,3 +172,13 @@ def test_a_refused_gemm_falls_back_without_a_second_amax_reduction(monkeypatch):
     assert len(calls) == 2  # once per operand, as the emulated GEMM does
     want = emulated_gemm("fp8", a, Operand.ACTIVATION, b, Operand.WEIGHT, amax_reduce=None, **kw)
     assert bits_equal(got, want) and "col_major" in runner.fallbacks["fp8 activation x weight on cpu"]
+
+
+def test_dry_run_sizing_knows_the_torch_backend():
+    from megatron_snip import sizing
+
+    h100, a100 = sizing.GPUS["h100"], sizing.GPUS["a100"]
+    assert sizing.format_support("torch", "fp8", h100) == (True, f"torch scaled-mm on {h100.name}")
+    assert sizing.format_support("torch", "fp8_block", a100)[0] and "emulated" in sizing.format_support(
+        "torch", "fp8_block", a100)[1]
+    assert "emulated" in sizing.format_support("torch", "nvfp4", h100)[1]
