@@ -4,6 +4,7 @@ CPU install (the pin takes the local CPU wheel, not a multi-GB CUDA build):
     pip install torch==2.13.0 && pip install -e ".[dev]"
 GPU install: install a CUDA build of torch first (https://pytorch.org), then
     pip install -e ".[gpu]"   # adds transformer-engine[pytorch]
+Triton quantize kernels: pip install -e ".[kernels]" (CUDA torch wheels already depend on triton).
 NVIDIA apex is optional and must be built from source (github.com/NVIDIA/apex); it is not on PyPI.
 """
 
@@ -14,7 +15,7 @@ setup(
     version="0.1.0",
     description="Megatron-style Llama pretraining that picks BF16/FP8/FP4 per GEMM with SNIP",
     python_requires=">=3.10",
-    packages=find_packages(include=["megatron_snip", "megatron_snip.*"]),
+    packages=find_packages(include=["megatron_snip", "megatron_snip.*", "kernels", "kernels.*"]),
     package_data={"megatron_snip.data": ["sample/*"]},
     include_package_data=True,
     install_requires=[
@@ -33,6 +34,9 @@ setup(
         # transformers: the reference the HF import/export tests compare against (never imported at run time)
         "dev": ["pytest>=7", "ml_dtypes>=0.4", "scipy>=1.10", "transformers>=4.45"],
         "gpu": ["transformer-engine[pytorch]>=2.8"],
+        # Triton quantize kernels (kernels/): used on CUDA tensors; CI runs their tests on CPU
+        # under the Triton interpreter. CUDA builds of torch bring a matching triton already.
+        "kernels": ["triton>=3.6"],
     },
     entry_points={"console_scripts": ["megatron-snip=megatron_snip.train:main"]},
 )

@@ -1,12 +1,23 @@
 """AdamW with Megatron's parameter groups (no weight decay on norms and embeddings' 1-D params).
 
-Uses apex's FusedAdam on CUDA when apex is importable (NVIDIA apex, built from source - it is
-not on PyPI), else torch's fused AdamW on CUDA, else the foreach implementation on CPU. With
-``training.distributed_optimizer`` it is the ZeRO-1 ``DistributedOptimizer`` (torch's fused
+Uses apex's FusedAdam on CUDA when apex loads (NVIDIA apex, built from source - it is not on
+PyPI; NGC PyTorch images ship it), else torch's fused AdamW on CUDA, else the foreach
+implementation on CPU.
+
+apex's FusedAdam is adapted to torch's optimizer interface, which the trainer and SNIP's
+statistics rely on (``ApexAdamW``): ``zero_grad(set_to_none=...)`` (apex's takes no argument),
+and a per-parameter ``state["step"]`` next to ``exp_avg``/``exp_avg_sq`` (apex counts steps per
+parameter group). An apex that is installed but fails to load or to build its optimizer (a
+CUDA extension missing or built for another torch: RuntimeError, OSError, ...) falls back to
+torch's fused AdamW with the cause recorded (``precision.fallbacks``: warning + text log).
+
+With ``training.distributed_optimizer`` it is the ZeRO-1 ``DistributedOptimizer`` (torch's fused
 kernel on CUDA, foreach on CPU; apex is not used there).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
@@ -14,6 +25,7 @@ from torch import nn
 from megatron_snip.config import TrainingConfig
 from megatron_snip.parallel.distributed_optimizer import DistributedOptimizer
 from megatron_snip.parallel.topology import ParallelTopology
+from megatron_snip.precision import fallbacks
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -25,6 +37,37 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def _apex_adamw(groups: list[dict], **kwargs: Any) -> torch.optim.Optimizer:
+    """apex FusedAdam in AdamW mode behind torch's interface (raises whatever apex raises)."""
+    from apex.optimizers import FusedAdam  # type: ignore[import-not-found]
+
+    class ApexAdamW(FusedAdam):
+        """apex FusedAdam with torch's ``zero_grad(set_to_none)`` and a per-parameter ``state["step"]``."""
+
+        def zero_grad(self, set_to_none: bool = True) -> None:
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    if set_to_none:
+                        p.grad = None
+                    else:
+                        p.grad.detach_()
+                        p.grad.zero_()
+
+        def step(self, closure: Any = None) -> Any:
+            loss = super().step(closure)
+            for group in self.param_groups:
+                if "step" not in group:  # this apex keeps its own per-parameter step
+                    continue
+                for p in group["params"]:
+                    if p in self.state and "exp_avg" in self.state[p]:
+                        self.state[p]["step"] = group["step"]
+            return loss
+
+    return ApexAdamW(groups, adam_w_mode=True, **kwargs)
+
+
 def build_optimizer(model: nn.Module, cfg: TrainingConfig, device: torch.device,
                     topo: ParallelTopology) -> torch.optim.Optimizer | DistributedOptimizer:
     groups = param_groups(model, cfg.weight_decay)
@@ -33,11 +76,13 @@ def build_optimizer(model: nn.Module, cfg: TrainingConfig, device: torch.device,
         return DistributedOptimizer(groups, topo, fused=device.type == "cuda", **kwargs)
     if device.type == "cuda":
         try:
-            from apex.optimizers import FusedAdam  # type: ignore[import-not-found]
-
-            return FusedAdam(groups, adam_w_mode=True, **kwargs)
+            return _apex_adamw(groups, **kwargs)
         except ImportError:
-            return torch.optim.AdamW(groups, fused=True, **kwargs)
+            pass  # no apex: the usual case outside NGC images
+        except Exception as e:  # noqa: BLE001 - apex present but broken: say so, use torch's
+            fallbacks.record("apex FusedAdam failed to load; using torch.optim.AdamW(fused=True)",
+                             f"{type(e).__name__}: {e}")
+        return torch.optim.AdamW(groups, fused=True, **kwargs)
     return torch.optim.AdamW(groups, foreach=True, **kwargs)
 
 

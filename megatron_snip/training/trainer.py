@@ -44,6 +44,7 @@ from megatron_snip.parallel.ddp import GradReducer
 from megatron_snip.parallel.distributed_optimizer import DistributedOptimizer
 from megatron_snip.parallel.pipeline import schedule_for
 from megatron_snip.parallel.topology import ParallelTopology
+from megatron_snip.precision import fallbacks
 from megatron_snip.precision.backends import Backend, get_backend
 from megatron_snip.precision.capability import require
 from megatron_snip.precision.plan import GemmId, PrecisionPlan, all_gemm_ids
@@ -481,6 +482,8 @@ class Trainer:
                 t0 = time.perf_counter()
                 res = self.train_step(step)
                 dt = time.perf_counter() - t0
+                for line in fallbacks.drain():  # a faster quantizer/GEMM path fell back: say so once
+                    self.logger.info(line)
                 self.step = step + 1
                 window.add(res, dt)
                 if res.skipped:

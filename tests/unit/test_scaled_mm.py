@@ -16,11 +16,12 @@ import warnings
 import pytest
 import torch
 
+from megatron_snip.precision import fallbacks
 from megatron_snip.precision.backends import get_backend
 from megatron_snip.precision.backends.scaled_mm import OPERAND_PAIRS, ScaledMMGemm, scaled_mm_support
 from megatron_snip.precision.capability import check
 from megatron_snip.precision.formats import Operand
-from megatron_snip.precision.gemm import emulated_gemm, quant_linear
+from megatron_snip.precision.gemm import emulated_gemm
 from megatron_snip.precision.plan import GemmPrecision
 from megatron_snip.precision.quantize import quantize
 from megatron_snip.precision.quantize.scaled import SCALED_FORMATS, dequantize, quantize_scaled
@@ -99,17 +100,20 @@ def test_per_gemm_plan_runs_each_gemm_in_its_format_and_records_fallbacks_once()
     x, w, dy = torch.randn(2, 64, 128, generator=g), torch.randn(128, 128, generator=g) / 11, torch.randn(2, 64, 128, generator=g)
     torch_be, emulated = get_backend("torch"), get_backend("emulated")
     mixed = GemmPrecision("fp8", "nvfp4", "fp8_block")  # real fp8 fprop; nvfp4 (SR) and fp8_block emulated on CPU
+    got = _run(torch_be, x, w, dy, mixed)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        got = _run(torch_be, x, w, dy, mixed)
-        _run(torch_be, x, w, dy, mixed)  # a second step warns no more
+        _run(torch_be, x, w, dy, mixed)  # a second step records and warns no more
+    assert not [w_ for w_ in caught if "runs the emulated GEMM" in str(w_.message)]
     want = _run(emulated, x, w, dy, mixed)
     assert torch.allclose(got[0], want[0], rtol=1e-5, atol=1e-5 * want[0].abs().max().item())
     assert bits_equal(got[1], want[1]) and bits_equal(got[2], want[2])  # fallbacks are the emulated GEMM itself
     assert sorted(torch_be.fallbacks) == ["fp8_block gradient x activation on cpu", "nvfp4 gradient x weight on cpu"]
     assert "no scaled-mm path for nvfp4" in torch_be.fallbacks["nvfp4 gradient x weight on cpu"]
     assert "Invalid scaling configuration" in torch_be.fallbacks["fp8_block gradient x activation on cpu"]
-    assert len([w_ for w_ in caught if "runs the emulated GEMM" in str(w_.message)]) == 2
+    logged = fallbacks.recorded()
+    assert "torch backend nvfp4 gradient x weight on cpu runs the emulated GEMM" in logged
+    assert "torch backend fp8_block gradient x activation on cpu runs the emulated GEMM" in logged
 
 
 def test_autocast_does_not_change_the_torch_backend_gemms():
@@ -148,3 +152,33 @@ def test_trainer_runs_with_the_torch_backend(small_overrides):
     rows = [json.loads(line) for line in (tr.run_dir / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in rows if "loss" in r]
     assert tr.step == 2 and losses and all(math.isfinite(v) for v in losses)
+
+
+@needs_cpu_fp8
+def test_a_refused_gemm_falls_back_without_a_second_amax_reduction(monkeypatch):
+    from megatron_snip.precision.backends import scaled_mm
+
+    def refuse(a, b):
+        raise RuntimeError("mat2 must be col_major")
+
+    monkeypatch.setattr(scaled_mm, "_mm", refuse)
+    runner = ScaledMMGemm()
+    calls = []
+    reduce = lambda amax: calls.append(1) or amax  # noqa: E731 - stands for the TP all-reduce
+    g = torch.Generator().manual_seed(4)
+    a, b = torch.randn(32, 64, generator=g), torch.randn(48, 64, generator=g)
+    kw = {"hadamard": False, "generator": None, "compiled": False}
+    got = runner("fp8", a, Operand.ACTIVATION, b, Operand.WEIGHT, amax_reduce=reduce, **kw)
+    assert len(calls) == 2  # once per operand, as the emulated GEMM does
+    want = emulated_gemm("fp8", a, Operand.ACTIVATION, b, Operand.WEIGHT, amax_reduce=None, **kw)
+    assert bits_equal(got, want) and "col_major" in runner.fallbacks["fp8 activation x weight on cpu"]
+
+
+def test_dry_run_sizing_knows_the_torch_backend():
+    from megatron_snip import sizing
+
+    h100, a100 = sizing.GPUS["h100"], sizing.GPUS["a100"]
+    assert sizing.format_support("torch", "fp8", h100) == (True, f"torch scaled-mm on {h100.name}")
+    assert sizing.format_support("torch", "fp8_block", a100)[0] and "emulated" in sizing.format_support(
+        "torch", "fp8_block", a100)[1]
+    assert "emulated" in sizing.format_support("torch", "nvfp4", h100)[1]

@@ -13,7 +13,8 @@ linear, each in the format its plan entry names):
     swizzled scale layouts, which nothing here could validate) - and any GEMM whose
     scaled-mm this device's torch refuses - runs the emulated GEMM for that GEMM only.
     Each such fallback is recorded once per (format, operand pair, device) in
-    ``ScaledMMGemm.fallbacks`` with its reason and warned about once (RuntimeWarning).
+    ``ScaledMMGemm.fallbacks`` with its reason, warned about once and written to the run's
+    text log (``precision/fallbacks.py``).
 
 The quantized elements and scales are the reference quantizer's, bit for bit
 (``quantize.scaled.quantize_scaled``: ``elements * scales == quantize(x)``); the GEMM
@@ -31,16 +32,16 @@ are refused ("Invalid scaling configuration").
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 
 import torch
 
+from megatron_snip.precision import fallbacks
 from megatron_snip.precision.backends import Backend
 from megatron_snip.precision.formats import Operand, get_format
 from megatron_snip.precision.gemm import emulated_gemm, quant_linear
 from megatron_snip.precision.plan import GemmPrecision
-from megatron_snip.precision.quantize.scaled import SCALED_FORMATS, ScaledOperand, quantize_scaled
+from megatron_snip.precision.quantize.scaled import SCALED_FORMATS, ScaledOperand, dequantize, quantize_scaled
 
 __all__ = ["SCALED_FORMATS", "ScaledMMGemm", "TorchBackend", "scaled_mm_support"]
 
@@ -134,7 +135,7 @@ class ScaledMMGemm:
         key = f"{fmt} {a_kind.value} x {b_kind.value} on {_device_key(device)}"
         if key not in self.fallbacks:
             self.fallbacks[key] = reason
-            warnings.warn(f"torch backend: {key} runs the emulated GEMM: {reason}", RuntimeWarning, stacklevel=4)
+            fallbacks.record(f"torch backend {key} runs the emulated GEMM", reason)
 
     def __call__(self, fmt: str, a: torch.Tensor, a_kind: Operand, b: torch.Tensor, b_kind: Operand, *,
                  hadamard: bool, amax_reduce: AmaxReduce | None, generator: torch.Generator | None,
@@ -148,8 +149,16 @@ class ScaledMMGemm:
             return emulated_gemm(fmt, a, a_kind, b, b_kind, hadamard=hadamard, amax_reduce=amax_reduce,
                                  generator=generator, compiled=compiled)
         assert not hadamard and not get_format(fmt).stochastic_gradients  # SCALED_FORMATS have neither
-        return _mm(quantize_scaled(a, fmt, a_kind, amax_reduce=amax_reduce),
-                   quantize_scaled(b, fmt, b_kind, amax_reduce=amax_reduce))
+        qa = quantize_scaled(a, fmt, a_kind, amax_reduce=amax_reduce)
+        qb = quantize_scaled(b, fmt, b_kind, amax_reduce=amax_reduce)
+        try:
+            return _mm(qa, qb)
+        except (RuntimeError, ValueError) as e:  # a shape or layout this scaled-mm refuses (probe passed)
+            self._fallback(fmt, a_kind, b_kind, a.device, f"torch._scaled_mm refused a {tuple(a.shape)} x "
+                                                           f"{tuple(b.shape)} GEMM: {type(e).__name__}: {e}")
+            # the emulated GEMM from the same operands (dequantize() is quantize()'s result bit for
+            # bit), so amax_reduce's collective is not run twice
+            return dequantize(qa) @ dequantize(qb).t()
 
 
 class TorchBackend(Backend):

@@ -47,7 +47,9 @@ passes and page-faulting temporaries down). ``compiled=True`` runs the same
 functions through ``torch.compile``: one fused, vectorized kernel per format /
 operand kind / layout / shape (0.3-1.2 Gelem/s), bit-identical to eager except
 NaN payloads, compiled on first use (2-5 s each, cached on disk by inductor).
-If compilation fails it warns once and falls back to eager.
+On CUDA tensors the Triton kernels of ``kernels/`` run instead (same bits). A
+failed compilation is retried once in a private cache, then falls back to eager;
+every fallback is recorded once (``compiled.py``, ``precision/fallbacks.py``).
 """
 
 from __future__ import annotations

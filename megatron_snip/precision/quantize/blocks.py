@@ -56,6 +56,17 @@ def _pow2_block_scales(block_amax: torch.Tensor, elem: Element) -> tuple[torch.T
     return _exp2i(k), scale_inv
 
 
+def _nvfp4_tensor_scales(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """NVFP4's FP32 (encode, decode) tensor scales for the 0-d tensor amax ``a`` (TE's reference).
+
+    encode = fl(448 * 6 / amax) (largest float if that overflows; 1 when it is 0, i.e. an
+    infinite amax), decode = fl(1 / encode).
+    """
+    s_enc = _rdiv(_NVFP4_TENSOR_MAX, a).clamp(max=_F32_MAX)
+    s_enc = torch.where(s_enc == 0, torch.ones_like(s_enc), s_enc)
+    return s_enc, 1.0 / s_enc
+
+
 def scaled_elements(
     p: torch.Tensor, spec: Format, operand: Operand, amax: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,9 +159,7 @@ def _qdq(
         # The local tensor amax is the max of the block amaxes (exact; NaN propagates):
         # one pass over the operand fewer than p.abs().amax().
         a = block_amax.amax() if amax is None else amax
-        s_enc = _rdiv(_NVFP4_TENSOR_MAX, a).clamp(max=_F32_MAX)
-        s_enc = torch.where(s_enc == 0, torch.ones_like(s_enc), s_enc)
-        s_dec = 1.0 / s_enc
+        s_enc, s_dec = _nvfp4_tensor_scales(a)
         s_block = round_e4m3((block_amax * (s_enc * _RCP_E2M1_MAX)).clamp(max=_F32_MAX))
         enc = (1.0 / (s_block * s_dec)).clamp(max=_F32_MAX)  # zero block -> largest float; x = 0 stays 0
         s_block = torch.where(finite & torch.isfinite(a), s_block, torch.full_like(s_block, nan))

@@ -1,13 +1,38 @@
-"""torch.compile'd variants of the block-scaling math, cached per format/operand/layout/shape."""
+"""Fast variants of the block-scaling math: Triton kernels on CUDA, torch.compile'd graphs elsewhere.
+
+``_run_qdq`` picks, per call: on a CUDA tensor the fused Triton kernel of ``kernels/``
+(``kernels.quantize.qdq``) when Triton imports; otherwise, with ``compiled=True``, a
+torch.compile'd copy of ``blocks._qdq`` cached per format/operand/layout/shape; otherwise
+``blocks._qdq`` itself. Every variant gives the eager reference's bits (NaN payloads aside):
+
+  * CPU, compiled: inductor's C++ code divides exactly and keeps the operation order
+    (tests/unit/test_quantize.py::test_compiled_matches_eager);
+  * CUDA, compiled: inductor's Triton division is approximate by default, so graphs are
+    compiled with its eager-numerics options (correctly rounded division, no flush-to-zero,
+    no FMA contraction: ``_EXACT_OPTIONS``); a torch without the division option runs
+    eager instead (recorded) - checked on a GPU by scripts/gpu_check.sh;
+  * CUDA, kernels: bitwise by construction (see ``kernels/quantize.py``), checked under the
+    Triton interpreter in CI and on a GPU by scripts/gpu_check.sh.
+
+Failures never stop a run and are never silent: a kernel or compile failure falls back (to
+the next variant) and is recorded once with its cause (``precision/fallbacks.py``: a
+warning and a line in the run's text log). A compile failure is first retried once in an
+inductor cache directory private to this process: several processes compiling into one
+shared cache can load each other's half-written artifacts (seen: ``ImportError: ...main.so:
+file too short``), and the private directory also keeps this process's later compiles out
+of the race.
+"""
 
 from __future__ import annotations
 
+import os
+import socket
 import types
-import warnings
 from collections.abc import Callable
 
 import torch
 
+from megatron_snip.precision import fallbacks
 from megatron_snip.precision.formats import Format, Operand
 from megatron_snip.precision.quantize.blocks import _qdq
 
@@ -35,6 +60,32 @@ def _specialized(spec: Format, operand: Operand, hadamard: bool, colwise: bool, 
     return types.FunctionType(code, glb, name)
 
 
+def _exact_options() -> dict[str, bool] | None:
+    """Inductor options under which its Triton code rounds as eager CUDA does, or None if unavailable.
+
+    Correctly rounded fp32 division (``tl.div_rn``) instead of Triton's approximate ``/``,
+    no denormal flush, no FMA contraction. The option names moved between torch versions.
+    """
+    from torch._inductor import config as inductor_config
+
+    opts = {"emulate_precision_casts": True}  # also turns off FMA contraction (enable_fp_fusion)
+    numerics = getattr(inductor_config, "eager_numerics", None)
+    if numerics is not None and hasattr(numerics, "division_rounding"):
+        opts["eager_numerics.division_rounding"] = True
+        if hasattr(numerics, "disable_ftz"):
+            opts["eager_numerics.disable_ftz"] = True
+        return opts
+    if hasattr(inductor_config, "emulate_divison_rounding"):  # older torch (sic)
+        opts["emulate_divison_rounding"] = True
+        return opts
+    return None
+
+
+def _compile_key(spec: Format, operand: Operand, hadamard: bool, colwise: bool, p: torch.Tensor, amax: object,
+                 seeds: object) -> _CompileKey:
+    return (spec, operand, hadamard, colwise, tuple(p.shape), p.device.type, amax is None, seeds is None)
+
+
 def _get_compiled(
     spec: Format, operand: Operand, hadamard: bool, colwise: bool, p: torch.Tensor, amax: object, seeds: object
 ) -> _QdqFn:
@@ -43,11 +94,12 @@ def _get_compiled(
     # reshapes and noise counters defeat vectorization: 0.06 vs 0.5 Gelem/s for nvfp4
     # gradients). The Format itself (frozen, compared by value) is in the key: a modified
     # spec under the same name gets its own kernel.
-    key = (spec, operand, hadamard, colwise, tuple(p.shape), p.device.type, amax is None, seeds is None)
+    key = _compile_key(spec, operand, hadamard, colwise, p, amax, seeds)
     fn = _COMPILED.get(key)
     if fn is None:
         tag = f"_{p.shape[0]}x{p.shape[1]}{'_amax' if amax is not None else ''}"
-        fn = torch.compile(_specialized(spec, operand, hadamard, colwise, tag), dynamic=False)
+        options = _exact_options() if p.device.type == "cuda" else None
+        fn = torch.compile(_specialized(spec, operand, hadamard, colwise, tag), dynamic=False, options=options)
         _COMPILED[key] = fn
     return fn
 
@@ -55,6 +107,64 @@ def _get_compiled(
 def compiled_quantizers_available() -> tuple[bool, str]:
     """(False, reason) once a compilation has failed in this process (everything then runs eager)."""
     return (not _COMPILE_ERROR, _COMPILE_ERROR[0] if _COMPILE_ERROR else "")
+
+
+def _first_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def _use_private_cache_dir() -> str:
+    """Point inductor's cache at a directory of this process only (for the rest of the process)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    private = os.path.join(cache_dir(), f"private-{socket.gethostname()}-{os.getpid()}")
+    os.makedirs(private, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = private
+    return private
+
+
+def _run_compiled(p: torch.Tensor, spec: Format, operand: Operand, hadamard: bool, colwise: bool,
+                  amax: torch.Tensor | None, seeds: torch.Tensor | None) -> torch.Tensor | None:
+    """The compiled variant's result, or None after recording why it cannot run."""
+    if p.device.type == "cuda" and _exact_options() is None:
+        _COMPILE_ERROR.append("this torch's inductor has no correctly rounded division option")
+        fallbacks.record("compiled quantizers (running eager)", _COMPILE_ERROR[0])
+        return None
+    try:
+        return _get_compiled(spec, operand, hadamard, colwise, p, amax, seeds)(p, amax, seeds)
+    except Exception as first:  # noqa: BLE001 - any compiler failure: retry privately, then fall back
+        _COMPILED.pop(_compile_key(spec, operand, hadamard, colwise, p, amax, seeds), None)
+        private = _use_private_cache_dir()
+        try:
+            return _get_compiled(spec, operand, hadamard, colwise, p, amax, seeds)(p, amax, seeds)
+        except Exception as second:  # noqa: BLE001
+            _COMPILE_ERROR.append(f"{_first_line(first)}; retried in the private cache {private}: "
+                                  f"{_first_line(second)}")
+            fallbacks.record("torch.compile of the quantizers failed; running them eagerly (identical numerics, "
+                             "~10x slower)", _COMPILE_ERROR[0])
+            return None
+
+
+_KERNELS: list = []  # [the kernels.quantize module] once imported, [None] when unavailable or failed
+
+
+def cuda_kernels() -> types.ModuleType | None:
+    """``kernels.quantize`` for CUDA operands, or None (unavailable or failed: recorded once)."""
+    if not _KERNELS:
+        try:
+            import kernels.quantize as module
+        except Exception as e:  # noqa: BLE001 - ImportError, or Triton failing to initialize
+            fallbacks.record("Triton quantize kernels unavailable (CUDA quantizers run in PyTorch)",
+                             f"{_first_line(e)}; install them with pip install -e \".[kernels]\"")
+            module = None
+        _KERNELS.append(module)
+    return _KERNELS[0]
+
+
+def kernel_failed(e: BaseException) -> None:
+    """Stop using the kernels in this process after one failed to build or launch; recorded once."""
+    _KERNELS[:] = [None]
+    fallbacks.record("Triton quantize kernels failed (CUDA quantizers run in PyTorch)", _first_line(e))
 
 
 def _run_qdq(
@@ -67,16 +177,14 @@ def _run_qdq(
     seeds: torch.Tensor | None,
     compiled: bool,
 ) -> torch.Tensor:
-    if compiled and not _COMPILE_ERROR:
+    """``blocks._qdq`` through the fastest variant that runs here (see the module docstring)."""
+    if p.device.type == "cuda" and cuda_kernels() is not None:
         try:
-            return _get_compiled(spec, operand, hadamard, colwise, p, amax, seeds)(p, amax, seeds)
-        except Exception as e:  # noqa: BLE001 - any compiler failure: fall back, loudly, once
-            first_line = str(e).splitlines()[0] if str(e) else ""
-            _COMPILE_ERROR.append(f"{type(e).__name__}: {first_line}")
-            warnings.warn(
-                f"torch.compile of the quantizers failed ({_COMPILE_ERROR[0]}); running them eagerly "
-                "(identical numerics, ~10x slower)",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+            return cuda_kernels().qdq(p, spec, operand, hadamard, colwise, amax, seeds)
+        except Exception as e:  # noqa: BLE001 - a kernel that fails to build or launch: fall back, once
+            kernel_failed(e)
+    if compiled and not _COMPILE_ERROR:
+        y = _run_compiled(p, spec, operand, hadamard, colwise, amax, seeds)
+        if y is not None:
+            return y
     return _qdq(p, spec, operand, hadamard, colwise, amax, seeds)

@@ -16,6 +16,7 @@ import torch
 from megatron_snip.precision.formats import Operand, get_format
 from megatron_snip.precision.gemm_shapes import operand_shape_error
 from megatron_snip.precision.quantize.blocks import scaled_elements, tensor_amax
+from megatron_snip.precision.quantize.compiled import cuda_kernels, kernel_failed
 
 __all__ = ["SCALED_FORMATS", "ScaledOperand", "dequantize", "quantize_scaled"]
 
@@ -62,8 +63,15 @@ def quantize_scaled(
     error = operand_shape_error(x.shape, spec, operand)
     if error is not None:
         raise ValueError(error)
+    amax = None
+    if amax_reduce is not None and spec.uses_tensor_amax:
+        amax = amax_reduce(tensor_amax(x)).to(torch.float32).reshape(())
+    if x.device.type == "cuda" and cuda_kernels() is not None:
+        try:  # one fused pass: x (any layout, bf16 or fp32) -> float8 elements + scales
+            return ScaledOperand(*cuda_kernels().scaled_operand(x, spec, operand, amax))
+        except Exception as e:  # noqa: BLE001 - a kernel that fails to build or launch: fall back, once
+            kernel_failed(e)
     p = x.to(torch.float32).contiguous()  # rowwise: the same bits as the reference's colwise path
-    amax = amax_reduce(tensor_amax(p)).to(torch.float32).reshape(()) if amax_reduce and spec.uses_tensor_amax else None
     elements, scale = scaled_elements(p, spec, operand, amax)
     elem = spec.element_for(operand)
     assert elem is not None

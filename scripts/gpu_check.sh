@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# One device check of the GPU fast path (kernels, compiled quantizers, torch-backend FP8 GEMMs,
+# bandwidth, step times, SNIP on tiny): one line per check with its figure, exit 0 iff all pass.
+# Needs no network; bounded to 7 minutes. Usage: scripts/gpu_check.sh [--smoke]
+#   --smoke: toy sizes on CPU (Triton interpreter) to test the script itself.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor_gpu_check}"
+export WANDB_MODE=disabled
+timeout --signal=INT --kill-after=10 420 python3 scripts/gpu_check.py "$@"
+rc=$?
+[ "$rc" -eq 124 ] && echo "gpu_check: stopped at the 7-minute limit"
+exit "$rc"

@@ -1,0 +1,112 @@
+"""Triton quantize kernels (kernels/quantize.py) vs the reference quantizers, bit for bit, under the
+Triton interpreter on CPU (TRITON_INTERPRET=1, numpy semantics: what a GPU computes for the
+exact operations the kernels restrict themselves to; scripts/gpu_check.sh repeats this on CUDA).
+
+Input classes are the reference tests' (tests/unit/test_quantize.py): scaled Gaussians, a
+single outlier, all-zero blocks, subnormals, E4M3/E2M1 midpoints, values past the element
+max, NaN and Inf, bf16 inputs; every format, operand kind (weights with 2-D blocks, gradients
+with stochastic rounding), both layouts, with and without the wgrad Hadamard transform and
+with a TP-reduced amax. Tensors stay small: the interpreter runs a tile at a time in numpy.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import pytest
+import torch
+
+if "kernels.quantize" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("kernels.quantize was imported for a GPU in this process; run this file alone on CPU",
+                allow_module_level=True)
+if importlib.util.find_spec("triton") is None:
+    pytest.skip('triton is not installed (pip install -e ".[kernels]")', allow_module_level=True)
+os.environ["TRITON_INTERPRET"] = "1"  # before kernels.quantize is imported: triton.jit reads it then
+
+from kernels.cases import input_classes  # noqa: E402
+from kernels.quantize import qdq  # noqa: E402
+from megatron_snip.precision.formats import FORMATS, Operand, get_format  # noqa: E402
+from megatron_snip.precision.quantize.blocks import _qdq  # noqa: E402
+from megatron_snip.precision.quantize.noise import draw_seeds  # noqa: E402
+
+LOW_PRECISION = [f for f in FORMATS if f != "bf16"]
+# numpy's warnings for the IEEE overflows and divisions by zero the kernels rely on (Inf -> saturation)
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",
+                                        "ignore:divide by zero:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    na, nb = torch.isnan(a), torch.isnan(b)
+    return torch.equal(na, nb) and torch.equal(a[~na].contiguous().view(torch.int32), b[~nb].contiguous().view(torch.int32))
+
+
+def _check(fmt: str, operand: Operand, rows: int, cols: int, hadamard: bool, classes=None) -> None:
+    spec = get_format(fmt)
+    gen = torch.Generator().manual_seed(1)
+    for name, x in input_classes(rows, cols).items():
+        if classes and name not in classes:
+            continue
+        for colwise in (False, True):
+            p = x.t().contiguous() if colwise else x
+            seeds = draw_seeds(gen, "cpu") if spec.stochastic_for(operand) else None
+            want = _qdq(p, spec, operand, hadamard, colwise, None, seeds)
+            got = qdq(p, spec, operand, hadamard, colwise, None, seeds)
+            assert bits_equal(got, want), (fmt, operand.value, name, hadamard, colwise,
+                                           int((got.view(torch.int32) != want.view(torch.int32)).sum()))
+
+
+@pytest.mark.parametrize("fmt", LOW_PRECISION)
+@pytest.mark.parametrize("operand", [Operand.ACTIVATION, Operand.GRADIENT])
+def test_1d_blocks_and_tensor_scaling_match_reference(fmt, operand):
+    _check(fmt, operand, 24, 256, hadamard=False)  # 24 rows: a partial row tile is masked
+
+
+@pytest.mark.parametrize("fmt", LOW_PRECISION)
+def test_weights_match_reference(fmt):
+    rows = 128 if fmt == "fp8_block" else 32  # 128x128 blocks need one full block row
+    _check(fmt, Operand.WEIGHT, rows, 128, hadamard=False,
+           classes=None if fmt != "fp8_block" else ("gaussian", "zero_blocks", "nan_inf", "midpoints"))
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8", "fp8", "bf16"])
+def test_wgrad_hadamard_matches_reference(fmt):
+    # nvfp4 rotates inside its 16-blocks; the others rotate in a pass of their own first
+    _check(fmt, Operand.GRADIENT, 16, 128, hadamard=True, classes=("gaussian", "nan_inf", "midpoints"))
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_given_tensor_amax_matches_reference(fmt):
+    x = input_classes(16, 64)["gaussian"]
+    spec = get_format(fmt)
+    amax = x.abs().amax() * 3  # the unsharded tensor's amax, larger than this shard's
+    for h in (False, True):
+        for operand in (Operand.ACTIVATION, Operand.GRADIENT):
+            seeds = draw_seeds(torch.Generator().manual_seed(2), "cpu") if spec.stochastic_for(operand) else None
+            assert bits_equal(qdq(x, spec, operand, h, False, amax, seeds), _qdq(x, spec, operand, h, False, amax, seeds))
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_block"])
+@pytest.mark.parametrize("operand", list(Operand))
+def test_scaled_operands_match_reference(fmt, operand):
+    # The torch backend's operands: float8 elements (row-major, whatever the input layout)
+    # and decode scales, as quantize.blocks.scaled_elements computes them.
+    from kernels.quantize import scaled_operand
+    from megatron_snip.precision.quantize import quantize
+    from megatron_snip.precision.quantize.blocks import scaled_elements
+    from megatron_snip.precision.quantize.scaled import ScaledOperand, dequantize
+
+    spec = get_format(fmt)
+    rows = 128 if operand is Operand.WEIGHT and fmt == "fp8_block" else 24
+    classes = input_classes(rows, 256)
+    for name, x in classes.items():
+        if rows == 128 and name not in ("gaussian", "zero_blocks", "nan_inf"):
+            continue
+        for view in (x, x.t().contiguous().t(), x.to(torch.bfloat16) if name == "bf16" else x):
+            elements, scale = scaled_operand(view, spec, operand, None)
+            want_e, want_s = scaled_elements(view.float().contiguous(), spec, operand, None)
+            assert elements.is_contiguous() and bits_equal(scale, want_s), (fmt, operand.value, name)
+            if name != "nan_inf":  # the interpreter's float8 cast maps NaN to -max (a GPU keeps NaN)
+                assert torch.equal(elements.float(), want_e), (fmt, operand.value, name)
+            assert bits_equal(dequantize(ScaledOperand(elements, scale)), quantize(view, fmt, operand))
