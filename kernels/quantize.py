@@ -47,7 +47,7 @@ from megatron_snip.precision.quantize.noise import _MIX_MUL1, _MIX_MUL2
 __all__ = ["qdq", "scaled_operand"]
 
 _SCALING_CODE = {Scaling.NONE: 0, Scaling.TENSOR: 1, Scaling.BLOCK_POW2: 2, Scaling.BLOCK_E8M0: 3,
-                 Scaling.BLOCK_E4M3_TENSOR: 4}
+                 Scaling.BLOCK_E4M3_TENSOR: 4, Scaling.BLOCK_FP32: 5}
 _RHT_NEG_MASK = sum(1 << i for i, s in enumerate(RHT_SIGNS) if s < 0)  # bit i set: sign i is -1
 _MUL1 = tl.constexpr(_MIX_MUL1)  # the counter RNG's mixer constants, from quantize.noise
 _MUL2 = tl.constexpr(_MIX_MUL2)
@@ -128,7 +128,8 @@ def _qdq_kernel(
     """Quantize-dequantize one [TR rows] x [NB blocks of BS columns] tile of the logical operand.
 
     SCALING: 0 none (Hadamard only), 1 tensor (scalars = scale, scale_inv), 2 pow2 blocks,
-    3 E8M0 blocks, 4 NVFP4 (scalars = s_enc * fl32(1/6), s_dec, tensor amax).
+    3 E8M0 blocks, 4 NVFP4 (scalars = s_enc * fl32(1/6), s_dec, tensor amax), 5 FP32 block
+    scales amax / max (fp4_block).
     BLOCK_2D: a block spans all TR rows (2-D weight blocks, TR = block rows).
     OUT_ELEMENTS (SCALING 1, 2): store the on-grid elements (before the decode scale) into
     y_ptr, a row-major (rows, cols) float8 tensor, and the block decode scales into s_ptr
@@ -203,6 +204,12 @@ def _qdq_kernel(
             k = tl.minimum(tl.maximum(k, -127), 127)
             scale_inv = tl.where(finite, _exp2i(k), float("nan"))
             y = _round_element(x * _exp2i(-k), noise, EMIN, EMAX, MBITS, MAXV, SR) * scale_inv
+        elif SCALING == 5:  # s = fl32(amax / max), correctly rounded; x / s rounded, times s
+            s = tl.div_rn(amax, tl.full(amax.shape, MAXV, tl.float32))
+            s = tl.where(amax == 0.0, 1.0, s)
+            s = tl.where(finite, s, float("nan"))
+            s = tl.broadcast_to(s, x.shape)
+            y = _round_element(tl.div_rn(x, s), noise, EMIN, EMAX, MBITS, MAXV, SR) * s
         else:
             s_mul = tl.load(scalars_ptr)
             s_dec = tl.load(scalars_ptr + 1)

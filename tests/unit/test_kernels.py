@@ -65,12 +65,12 @@ def test_1d_blocks_and_tensor_scaling_match_reference(fmt, operand):
 
 @pytest.mark.parametrize("fmt", LOW_PRECISION)
 def test_weights_match_reference(fmt):
-    rows = 128 if fmt == "fp8_block" else 32  # 128x128 blocks need one full block row
-    _check(fmt, Operand.WEIGHT, rows, 128, hadamard=False,
-           classes=None if fmt != "fp8_block" else ("gaussian", "zero_blocks", "nan_inf", "midpoints"))
+    big = get_format(fmt).weight_block == (128, 128)  # fp8_block, fp4_block: one full block row
+    _check(fmt, Operand.WEIGHT, 128 if big else 32, 128, hadamard=False,
+           classes=("gaussian", "zero_blocks", "nan_inf", "midpoints") if big else None)
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8", "fp8", "bf16"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8", "fp8", "bf16", "mxfp4+sr+rht", "fp4_block+rht"])
 def test_wgrad_hadamard_matches_reference(fmt):
     # nvfp4 rotates inside its 16-blocks; the others rotate in a pass of their own first
     _check(fmt, Operand.GRADIENT, 16, 128, hadamard=True, classes=("gaussian", "nan_inf", "midpoints"))
