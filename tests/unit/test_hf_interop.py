@@ -168,3 +168,15 @@ def test_hf_config_json_round_trips_through_transformers(tmp_path):
     (tmp_path / "c" / "config.json").write_text(json.dumps(written))
     loaded = transformers.LlamaConfig.from_pretrained(tmp_path / "c")
     assert hf.model_config_from_hf(loaded.to_dict())[0] == cfg
+
+
+def test_bf16_checkpoint_imports_to_fp32_and_exports_back_bit_exact(tmp_path):
+    model = make_tiny_hf.tiny_llama(VOCAB)
+    _spread(model)
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    ours = _import(tmp_path / "bf16")
+    assert ours.embedding.weight.dtype == torch.float32
+    tensors, _ = hf.hf_state_dict(ours.state_dict(), ours.cfg, torch.bfloat16)
+    original = load_file(tmp_path / "bf16" / "model.safetensors")
+    for k, t in tensors.items():
+        assert t.dtype == torch.bfloat16 and torch.equal(t, original[k]), k
