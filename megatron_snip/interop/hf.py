@@ -47,9 +47,9 @@ _SUPPORTED_ROPE = ("default", "llama3")
 
 # --- config ------------------------------------------------------------------------------------
 def is_hf_dir(path: str | os.PathLike) -> bool:
-    """True if ``path`` looks like a Hugging Face model directory (config.json + safetensors)."""
-    p = Path(path)
-    return (p / CONFIG_FILE).is_file() and any(p.glob("*.safetensors"))
+    """True if ``path`` is a Hugging Face model directory (has a config.json; our run directories
+    have a config.toml). Missing safetensors are reported when the weights are read."""
+    return (Path(path) / CONFIG_FILE).is_file()
 
 
 def read_hf_config(hf_dir: str | os.PathLike) -> dict[str, Any]:
