@@ -180,3 +180,11 @@ def test_bf16_checkpoint_imports_to_fp32_and_exports_back_bit_exact(tmp_path):
     original = load_file(tmp_path / "bf16" / "model.safetensors")
     for k, t in tensors.items():
         assert t.dtype == torch.bfloat16 and torch.equal(t, original[k]), k
+
+
+def test_directory_without_safetensors_is_refused_with_the_fix(tmp_path):
+    hf_dir, _ = _hf_model(tmp_path)
+    (hf_dir / "model.safetensors").rename(hf_dir / "pytorch_model.bin")  # an old-style checkpoint
+    assert hf.is_hf_dir(hf_dir)
+    with pytest.raises(ValueError, match=r"has no \*.safetensors files .* safe_serialization=True"):
+        hf.HFCheckpointReader(hf_dir)
