@@ -47,9 +47,9 @@ _SUPPORTED_ROPE = ("default", "llama3")
 
 # --- config ------------------------------------------------------------------------------------
 def is_hf_dir(path: str | os.PathLike) -> bool:
-    """True if ``path`` looks like a Hugging Face model directory (config.json + safetensors)."""
-    p = Path(path)
-    return (p / CONFIG_FILE).is_file() and any(p.glob("*.safetensors"))
+    """True if ``path`` is a Hugging Face model directory (has a config.json; our run directories
+    have a config.toml). Missing safetensors are reported when the weights are read."""
+    return (Path(path) / CONFIG_FILE).is_file()
 
 
 def read_hf_config(hf_dir: str | os.PathLike) -> dict[str, Any]:
@@ -91,12 +91,12 @@ def model_config_from_hf(hf: Mapping[str, Any], where: str = "config.json") -> t
     rope = _rope_params(hf)
     if rope["rope_type"] not in _SUPPORTED_ROPE:
         raise ValueError(f"{where}: rope type {rope['rope_type']!r} is not supported; choose one of {_SUPPORTED_ROPE}")
-    fields: dict[str, Any] = dict(
-        num_layers=int(need("num_hidden_layers")), hidden_size=hidden, ffn_hidden_size=int(need("intermediate_size")),
-        num_attention_heads=heads, num_kv_heads=int(hf.get("num_key_value_heads") or heads),
-        vocab_size=int(need("vocab_size")), max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
-        rope_base=float(rope["rope_theta"]), norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        init_std=float(hf.get("initializer_range", 0.02)))
+    fields: dict[str, Any] = {
+        "num_layers": int(need("num_hidden_layers")), "hidden_size": hidden,
+        "ffn_hidden_size": int(need("intermediate_size")), "num_attention_heads": heads,
+        "num_kv_heads": int(hf.get("num_key_value_heads") or heads), "vocab_size": int(need("vocab_size")),
+        "max_position_embeddings": int(hf.get("max_position_embeddings", 4096)), "rope_base": float(rope["rope_theta"]),
+        "norm_eps": float(hf.get("rms_norm_eps", 1e-6)), "init_std": float(hf.get("initializer_range", 0.02))}
     if rope["rope_type"] == "llama3":
         fields.update(rope_scaling="llama3", rope_scaling_factor=float(rope["factor"]),
                       rope_low_freq_factor=float(rope["low_freq_factor"]),
@@ -166,7 +166,7 @@ class HFCheckpointReader:
             raise ValueError(f"{str(hf_dir)!r} has no *.safetensors files (PyTorch .bin checkpoints are not read; "
                              f"re-save the model with save_pretrained(..., safe_serialization=True))")
         self._handles = {f: safe_open(str(self.dir / f), framework="pt") for f in files}
-        self._where = {k: f for f, h in self._handles.items() for k in h.keys()}
+        self._where = {k: f for f, h in self._handles.items() for k in h.keys()}  # noqa: SIM118 (not a dict)
 
     def __contains__(self, name: str) -> bool:
         return name in self._where
@@ -352,12 +352,15 @@ def export_checkpoint(path: str | os.PathLike, out_dir: str | os.PathLike, *, dt
     ckpt_root, step = resolve_checkpoint(path, "checkpoint")
     full = read_full(ckpt_root, step, with_optimizer=False)
     tensors, tied = hf_state_dict(full.model, full.cfg.model, dtype)
-    from megatron_snip.data.pipeline import load_tokenizer_for
+    from megatron_snip.data.tokenizer import BPETokenizer
 
     tok_files, bos_id, eos_id = {}, None, None
     data = full.cfg.data
-    if data.tokenizer != "byte":
-        tok = load_tokenizer_for(data)
+    if data.tokenizer == "bpe":  # the byte tokenizer has no HF counterpart: no tokenizer files
+        if not os.path.isfile(data.tokenizer_path):
+            raise ValueError(f"the run's data.tokenizer_path={data.tokenizer_path!r} ({ckpt_root.parent / 'config.toml'}) "
+                             f"no longer exists; restore it to export the tokenizer with the model")
+        tok = BPETokenizer.from_file(data.tokenizer_path, eod_token=data.eod_token, bos_token=data.bos_token)
         tok_files = tok.hf_files()
         bos_id, eos_id = tok.bos_id, tok.eod_id
     hf_cfg = hf_config_from_model(full.cfg.model, full.vocab_size, tie_word_embeddings=tied, dtype=dtype,

@@ -168,3 +168,23 @@ def test_hf_config_json_round_trips_through_transformers(tmp_path):
     (tmp_path / "c" / "config.json").write_text(json.dumps(written))
     loaded = transformers.LlamaConfig.from_pretrained(tmp_path / "c")
     assert hf.model_config_from_hf(loaded.to_dict())[0] == cfg
+
+
+def test_bf16_checkpoint_imports_to_fp32_and_exports_back_bit_exact(tmp_path):
+    model = make_tiny_hf.tiny_llama(VOCAB)
+    _spread(model)
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    ours = _import(tmp_path / "bf16")
+    assert ours.embedding.weight.dtype == torch.float32
+    tensors, _ = hf.hf_state_dict(ours.state_dict(), ours.cfg, torch.bfloat16)
+    original = load_file(tmp_path / "bf16" / "model.safetensors")
+    for k, t in tensors.items():
+        assert t.dtype == torch.bfloat16 and torch.equal(t, original[k]), k
+
+
+def test_directory_without_safetensors_is_refused_with_the_fix(tmp_path):
+    hf_dir, _ = _hf_model(tmp_path)
+    (hf_dir / "model.safetensors").rename(hf_dir / "pytorch_model.bin")  # an old-style checkpoint
+    assert hf.is_hf_dir(hf_dir)
+    with pytest.raises(ValueError, match=r"has no \*.safetensors files .* safe_serialization=True"):
+        hf.HFCheckpointReader(hf_dir)

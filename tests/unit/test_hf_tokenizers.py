@@ -73,6 +73,17 @@ def corpus(tmp_path_factory):
     return path
 
 
+def test_gpt2_style_declared_bos_equal_to_eos_adds_no_bos(tmp_path):
+    """GPT-2's tokenizer_config.json names <|endoftext|> as both bos and eos: documents get the EOD only."""
+    tok = BPETokenizer.train(["one two three four", "five six seven"] * 20, vocab_size=300)
+    tok.save(tmp_path / "tokenizer.json")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": {"content": "<|endoftext|>"},
+                                                                "eos_token": "<|endoftext|>"}))
+    loaded = BPETokenizer.from_file(tmp_path / "tokenizer.json")
+    assert (loaded.eod_token, loaded.bos_id) == ("<|endoftext|>", None)
+    assert loaded.identity() == tok.identity()  # same mapping and specials as the trained one: same data cache
+
+
 def _preprocess(corpus: Path, tok_path: Path, prefix: Path) -> dict:
     return preprocess_data.main(["--input", str(corpus), "--output-prefix", str(prefix),
                                  "--tokenizer", "bpe", "--tokenizer-path", str(tok_path)])

@@ -16,6 +16,7 @@ from megatron_snip.interop import hf  # noqa: E402
 from megatron_snip.training.trainer import Trainer  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import convert_hf  # noqa: E402
 import make_tiny_hf  # noqa: E402
 
 TINY = "launch/configs/tiny.toml"
@@ -106,3 +107,17 @@ def test_init_from_our_checkpoint_errors(small_overrides, tmp_path):
         Trainer(load_config(TINY, [*new, f"training.init_from={run_a}", "model.vocab_size=384"]))
     with pytest.raises(ValueError, match="training.init_optimizer=True: needs training.init_from"):
         load_config(TINY, [*new, "training.init_optimizer=true"])
+
+
+def test_convert_hf_config_writes_a_config_that_trains_from_the_checkpoint(hf_dir, tmp_path):
+    out = tmp_path / "train.toml"
+    assert convert_hf.main(["config", str(hf_dir), "--base", TINY, "--out", str(out), "--set", "training.seq_len=32",
+                            "--set", f"training.run_dir={tmp_path / 'run'}", "--set", f"data.cache_dir={tmp_path / 'c'}",
+                            "--set", "data.valid_paths=[]", "--set", "training.progress=false"]) == 0
+    cfg = load_config(out)
+    assert (cfg.model.num_layers, cfg.model.hidden_size, cfg.model.ffn_hidden_size, cfg.model.vocab_size) == (2, 64, 128, VOCAB)
+    assert cfg.data.tokenizer_path == str(hf_dir / "tokenizer.json") and cfg.training.init_from == str(hf_dir)
+    tr = Trainer(cfg)  # the architecture check passes, the HF weights are loaded
+    ref = transformers.LlamaForCausalLM.from_pretrained(hf_dir)
+    assert torch.equal(tr.model.embedding.weight, ref.model.embed_tokens.weight)
+    assert convert_hf.main(["config", str(hf_dir), "--out", str(out), "--set", "training.seq_len=1024"]) == 2

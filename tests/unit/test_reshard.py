@@ -10,7 +10,6 @@ import shutil
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 from megatron_snip.config import load_config
