@@ -8,6 +8,7 @@ A corpus path is one of
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,21 +65,44 @@ def load_tokenizer_for(cfg: DataConfig) -> Tokenizer:
 def open_indexed(path: str, tokenizer: Tokenizer, cfg: DataConfig, *, check_ids: bool = True) -> IndexedDataset:
     """The token file of corpus ``path`` (tokenized into the cache first if it is JSONL).
 
-    ``check_ids`` scans the whole ``.bin`` once: every id must be a valid id of ``tokenizer``
-    (ids of another tokenizer would index past the embedding - a device assert on GPU)."""
+    The one check that data and tokenizer agree, before any token is embedded (ids of another
+    tokenizer would index past the embedding - a device assert on GPU): an indexed prefix whose
+    ``PREFIX.json`` (scripts/preprocess_data.py) records another tokenizer identity is refused;
+    ``check_ids`` scans the whole ``.bin`` once: every id must be one ``tokenizer`` can produce.
+    JSONL corpora are tokenized here with ``tokenizer`` (its identity is in the cache key)."""
     resolved = resolve_corpus(path)
     prefix = resolved if indexed.exists(resolved) else prepare_tokens(resolved, tokenizer, _cache_dir(cfg), cfg.json_key)
+    if prefix == resolved and os.path.isfile(prefix + ".json"):
+        _check_recorded_tokenizer(path, prefix + ".json", tokenizer)
     ds = IndexedDataset(prefix)
     if not np.issubdtype(ds.dtype, np.integer):
         raise ValueError(f"corpus {path!r}: {indexed.bin_path(prefix)} holds {ds.dtype} values, not token ids; "
                          f"tokenize it with scripts/preprocess_data.py (uint16/int32 ids)")
     if check_ids:
         lo, hi = ds.token_range()
-        if lo < 0 or hi >= tokenizer.vocab_size:
+        if lo < 0 or hi >= tokenizer.raw_vocab_size:
             raise ValueError(f"corpus {path!r}: token ids in [{lo}, {hi}] but the tokenizer (data.tokenizer="
-                             f"{cfg.tokenizer!r}) has ids [0, {tokenizer.vocab_size}); the file was tokenized with "
-                             f"another tokenizer - set data.tokenizer/data.tokenizer_path to the one it was made with")
+                             f"{cfg.tokenizer!r}) has ids [0, {tokenizer.raw_vocab_size}); the file was tokenized "
+                             f"with another tokenizer - set data.tokenizer/data.tokenizer_path to the one it was "
+                             f"made with, or re-run scripts/preprocess_data.py with this one")
     return ds
+
+
+def _check_recorded_tokenizer(path: str, meta_path: str, tokenizer: Tokenizer) -> None:
+    """Refuse an indexed corpus whose recorded tokenizer identity is not ``tokenizer``'s."""
+    try:
+        with open(meta_path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"corpus {path!r}: {meta_path} is not readable JSON ({e}); restore it or delete it "
+                         f"(the token ids are then checked against the tokenizer instead)") from None
+    recorded = meta.get("tokenizer_identity") if isinstance(meta, dict) else None
+    if recorded is not None and recorded != tokenizer.identity():
+        raise ValueError(f"corpus {path!r} was tokenized with another tokenizer than this run's ({meta_path}: "
+                         f"tokenizer={meta.get('tokenizer')!r} vocab_size={meta.get('vocab_size')} "
+                         f"eod_id={meta.get('eod_id')} bos_id={meta.get('bos_id')}; this run: {tokenizer!r}); set "
+                         f"data.tokenizer / data.tokenizer_path / data.eod_token / data.bos_token to the ones it "
+                         f"was made with, or re-run scripts/preprocess_data.py with this tokenizer")
 
 
 def build_data(cfg: Config, *, is_writer: bool = True) -> DataBundle:

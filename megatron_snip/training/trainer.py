@@ -57,7 +57,7 @@ from megatron_snip.training.lr import lr_at
 from megatron_snip.training.optim import build_optimizer
 from megatron_snip.training.preemption import StopSignal, TrainingPreempted
 from megatron_snip.training.resume_check import compare
-from megatron_snip.training.vocab_check import check_data_tokenizer, model_vocab_size
+from megatron_snip.training.vocab_check import model_vocab_size
 
 
 class TrainingStopped(RuntimeError):
@@ -153,7 +153,6 @@ class Trainer:
 
         self.data: DataBundle = self._build_data()
         self.vocab_size = model_vocab_size(cfg, self.data.tokenizer, self.topo.tp)
-        check_data_tokenizer(cfg, self.data.tokenizer, self.vocab_size)
 
         # Same seed on every rank: each builds the full weights of its parameters and keeps its slice.
         torch.manual_seed(t.seed)
@@ -191,14 +190,14 @@ class Trainer:
                                           progress_total=t.max_steps if t.progress else None,
                                           sinks=[self.wandb] if self.wandb else [])
         resumed = self.load_latest() if t.resume else False
+        if t.init_from and not resumed:  # before anything is written: a refused source leaves no run behind
+            self.logger.info(init_from(t.init_from, self.model, self.optimizer, cfg,
+                                       tp_rank=self.topo.tp_rank, pp_rank=self.topo.pp_rank))
+            self._param_norm = self.param_norm()
         if self.is_writer:
             # A resumed run keeps the config.toml its checkpoints were made with (changes are listed in the log).
             name = "config.toml" if not resumed else f"config.resumed_step_{self.step:06d}.toml"
             atomic_write_text(self.run_dir / name, cfg.to_toml())
-        if t.init_from and not resumed:
-            self.logger.info(init_from(t.init_from, self.model, self.optimizer, cfg,
-                                       tp_rank=self.topo.tp_rank, pp_rank=self.topo.pp_rank))
-            self._param_norm = self.param_norm()
         self.apply_plan(self.plan)
         if not resumed:
             self._record_plan(self.plan)

@@ -139,7 +139,7 @@ def test_binary_toml_names_the_file(tmp_path):
 
 
 @pytest.mark.parametrize("tokens, dtype, words", [
-    (list(range(300, 400)), np.uint16, "token ids in [300, 400] but the tokenizer (data.tokenizer='byte') has ids [0, 320)"),
+    (list(range(300, 400)), np.uint16, "token ids in [300, 400] but the tokenizer (data.tokenizer='byte') has ids [0, 257)"),
     (list(range(-5, 100)), np.int32, "token ids in [-5, 100]"),
     ([float(x) for x in range(100)], np.float32, "holds float32 values, not token ids"),
 ])

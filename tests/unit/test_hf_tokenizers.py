@@ -108,14 +108,15 @@ def test_data_from_another_tokenizer_is_refused_at_start_up(tokenizers, corpus, 
     prefix = tmp_path / "data" / "sotu"
     _preprocess(corpus, tokenizers["llama2"], prefix)
     base = [*small_overrides, "data.tokenizer=bpe", f"data.train_path={prefix}"]
-    with pytest.raises(ValueError, match=r"data.train_path=.* was tokenized with another tokenizer than this run's .*"
+    with pytest.raises(ValueError, match=r"corpus '.*sotu' was tokenized with another tokenizer than this run's .*"
                                          r"re-run scripts/preprocess_data.py"):
         Trainer(load_config(TINY, [*base, f"data.tokenizer_path={tokenizers['llama3']}"]))
-    with pytest.raises(ValueError, match=r"data.train_path=.* tokenized with another tokenizer"):  # same file, other BOS
+    with pytest.raises(ValueError, match=r"corpus '.*sotu' was tokenized with another tokenizer"):  # same file, other BOS
         Trainer(load_config(TINY, [*base, f"data.tokenizer_path={tokenizers['llama2']}", "data.bos_token=none"]))
     # Without preprocess_data's record (data from elsewhere): the largest id decides.
     Path(str(prefix) + ".json").unlink()
-    with pytest.raises(ValueError, match=r"data.train_path=.* holds token id 399, but this run's tokenizer has 257 ids"):
+    with pytest.raises(ValueError, match=r"corpus '.*sotu': token ids in \[\d+, 399\] but the tokenizer "
+                                         r"\(data.tokenizer='byte'\) has ids \[0, 257\)"):
         Trainer(load_config(TINY, [*small_overrides, f"data.train_path={prefix}"]))  # byte tokenizer
     with pytest.raises(ValueError, match=r"model.vocab_size=64 is smaller than the tokenizer's 400 ids"):
         Trainer(load_config(TINY, [*base, f"data.tokenizer_path={tokenizers['llama2']}", "model.vocab_size=64"]))

@@ -80,16 +80,18 @@ def _train(overrides, steps: int) -> Trainer:
 def test_init_from_our_checkpoint_weights_and_optimizer(small_overrides, tmp_path):
     src = _train(small_overrides, 3)
     run_a = Path(src.cfg.training.run_dir)
-    new = [*small_overrides[:-2], f"training.run_dir={tmp_path / 'b'}", f"data.cache_dir={tmp_path / 'cache'}"]
-    for source in (run_a, run_a / "checkpoints" / "step_000003"):
-        b = Trainer(load_config(TINY, [*new, f"training.init_from={source}", "training.init_optimizer=true"]))
-        assert b.step == 0 and not (tmp_path / "b" / "checkpoints").exists()
+    new = [*small_overrides[:-2], f"data.cache_dir={tmp_path / 'cache'}"]
+    for i, source in enumerate((run_a, run_a / "checkpoints" / "step_000003")):
+        run_b = tmp_path / f"b{i}"  # a new run each: a fresh run never reuses a run directory
+        b = Trainer(load_config(TINY, [*new, f"training.run_dir={run_b}", f"training.init_from={source}",
+                                       "training.init_optimizer=true"]))
+        assert b.step == 0 and not (run_b / "checkpoints").exists()
         for (n, p), q in zip(b.model.named_parameters(), src.model.parameters()):
             assert torch.equal(p, q), n
             st_b, st_a = b.optimizer.state[p], src.optimizer.state[q]
             assert torch.equal(st_b["exp_avg"], st_a["exp_avg"]) and torch.equal(st_b["exp_avg_sq"], st_a["exp_avg_sq"])
         assert b.optimizer.param_groups[0]["weight_decay"] == b.cfg.training.weight_decay
-    weights_only = Trainer(load_config(TINY, [*new, f"training.init_from={run_a}"]))
+    weights_only = Trainer(load_config(TINY, [*new, f"training.run_dir={tmp_path / 'b2'}", f"training.init_from={run_a}"]))
     assert not weights_only.optimizer.state  # fresh moments
 
 
