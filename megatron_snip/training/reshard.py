@@ -178,4 +178,6 @@ def write_layout(full: FullCheckpoint, out_root: Path, tp: int, pp: int, *, keep
             ckpt.write_shard(out_root, step, shard, tp_rank, pp_rank)
     meta = {**full.meta, "tp": tp, "pp": pp, "sequence_parallel": False,
             "resharded_from": {"tp": full.meta.get("tp", 1), "pp": full.meta.get("pp", 1)}}
+    if isinstance(meta.get("config"), dict):  # the resolved config it records describes the new layout too
+        meta["config"] = {**meta["config"], "parallel": {**meta["config"].get("parallel", {}), "tp": tp, "pp": pp}}
     return ckpt.commit(out_root, step, meta, keep=keep)

@@ -6,6 +6,8 @@ and sorts every differing field into
     (step * global_batch_size sequences of the seeded shuffle) would point elsewhere, or
   * a note - allowed, with what the change does from the resumed step on.
 Fields not listed in either table are allowed with the generic note of their section.
+The TP/PP layout is not compared here: a checkpoint records the layout of its shards
+(``meta.json`` tp/pp, checked by ``checkpoint.verify``; scripts/reshard_checkpoint.py converts it).
 """
 
 from __future__ import annotations
@@ -17,8 +19,6 @@ REFUSED: dict[str, str] = {
     **{f"model.{k}": "the checkpoint's weights have the old shape/architecture" for k in (
         "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size",
         "rope_base", "norm_eps")},
-    "parallel.tp": "the shards are split for the old tensor-parallel size",
-    "parallel.pp": "the shards are split for the old pipeline stages",
     "training.global_batch_size": "the data position is step * global_batch_size sequences",
     "training.seq_len": "the data windows (and so the data position) depend on it",
     "training.seed": "it seeds the data shuffle, so the data position would point at other sequences",
