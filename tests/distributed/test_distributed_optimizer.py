@@ -30,13 +30,15 @@ BASE = [
 ZERO = ["training.distributed_optimizer=true"]
 
 
-def _train(tr: Trainer, steps: range) -> list[float]:
+def _train(tr: Trainer, steps: range, norms: list[float] | None = None) -> list[float]:
     losses = []
     for s in steps:
         res = tr.train_step(s)
         tr.step = s + 1
         assert not res.skipped
         losses.append(res.loss)
+        if norms is not None:
+            norms.append(res.grad_norm)
     return losses
 
 
@@ -120,3 +122,23 @@ def test_sharded_checkpoints_resume_exactly_and_convert_both_ways(results):
         assert r["zero_resumed"] == r["zero_clip0"]
         assert r["plain_into_zero"] == r["plain_clip0"]
         assert r["zero_into_plain"] == r["plain_clip0"]
+
+
+def _tp_worker(rank: int, world: int, base: list[str], run_dir: str) -> dict:
+    """TP=2 x DP=2: the shards' norm counts TP-sharded grads on both TP ranks, replicated ones once."""
+    topo = init_distributed(2, 1, device_type="cpu", timeout_s=90)
+    out = {}
+    for name, extra in (("plain", []), ("zero", ZERO)):
+        tr = Trainer(load_config(TINY, base + extra + [f"training.run_dir={run_dir}/{name}"]), topo)
+        out[f"{name}_norms"] = []
+        out[name] = _train(tr, range(3), out[f"{name}_norms"])
+        tr.logger.close()
+    return out
+
+
+def test_tp2_dp2_matches_the_unsharded_optimizer(tmp_path):
+    over = BASE + [f"data.cache_dir={tmp_path / 'cache'}", "parallel.tp=2", "parallel.sequence_parallel=true"]
+    res = run_ranks(_tp_worker, 4, args=(over, str(tmp_path)), timeout_s=240)
+    for r in res:
+        assert r["zero_norms"] == pytest.approx(r["plain_norms"], rel=1e-6, abs=0)
+        assert r["zero"] == pytest.approx(r["plain"], rel=1e-6, abs=0)
