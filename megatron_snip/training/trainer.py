@@ -46,6 +46,7 @@ from megatron_snip.telemetry.wandb_sink import WandbSink
 from megatron_snip.training import checkpoint as ckpt
 from megatron_snip.training.lr import lr_at
 from megatron_snip.training.optim import build_optimizer
+from megatron_snip.training.throughput import Throughput
 
 
 class TrainingStopped(RuntimeError):
@@ -140,6 +141,7 @@ class Trainer:
         self.quant_generator = torch.Generator(device=self.device).manual_seed(t.seed + 1)
         self.model.set_quant_generator(self.quant_generator)
         self.linear_numel = linear_numel(model_linear_shapes(cfg.model))
+        self.throughput = Throughput(cfg, self.vocab_size, self.topo.world_size, self.device)
 
         self.step = 0  # optimizer steps completed
         self.skipped_steps = 0
@@ -357,7 +359,7 @@ class Trainer:
             if self.step % t.log_interval == 0 or res.skipped or self.step == t.max_steps:
                 metrics.update(loss=res.loss, lr=lr_at(step, t), grad_norm=res.grad_norm, step_time_s=dt,
                                tokens_per_s=tokens_per_step / dt, skipped_steps=self.skipped_steps,
-                               fp4_share=self.plan.fp4_flops_share)
+                               fp4_share=self.plan.fp4_flops_share, **self.throughput.metrics(dt))
             if self.step % t.eval_interval == 0 or self.step == t.max_steps:
                 last_eval = self.evaluate()
                 metrics.update(last_eval)
