@@ -124,9 +124,10 @@ def test_sharded_checkpoints_resume_exactly_and_convert_both_ways(results):
         assert r["zero_into_plain"] == r["plain_clip0"]
 
 
-def _tp_worker(rank: int, world: int, base: list[str], run_dir: str) -> dict:
-    """TP=2 x DP=2: the shards' norm counts TP-sharded grads on both TP ranks, replicated ones once."""
-    topo = init_distributed(2, 1, device_type="cpu", timeout_s=90)
+def _layout_worker(rank: int, world: int, base: list[str], run_dir: str, tp: int, pp: int) -> dict:
+    """DP=2 with TP or PP: the shards' norm counts TP-sharded grads on both TP ranks, replicated
+    ones once, and sums over the pipeline stages."""
+    topo = init_distributed(tp, pp, device_type="cpu", timeout_s=90)
     out = {}
     for name, extra in (("plain", []), ("zero", ZERO)):
         tr = Trainer(load_config(TINY, base + extra + [f"training.run_dir={run_dir}/{name}"]), topo)
@@ -136,9 +137,11 @@ def _tp_worker(rank: int, world: int, base: list[str], run_dir: str) -> dict:
     return out
 
 
-def test_tp2_dp2_matches_the_unsharded_optimizer(tmp_path):
-    over = BASE + [f"data.cache_dir={tmp_path / 'cache'}", "parallel.tp=2", "parallel.sequence_parallel=true"]
-    res = run_ranks(_tp_worker, 4, args=(over, str(tmp_path)), timeout_s=240)
+@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)], ids=["tp2_dp2_sp", "pp2_dp2"])
+def test_model_parallel_x_dp2_matches_the_unsharded_optimizer(tmp_path, tp, pp):
+    over = BASE + [f"data.cache_dir={tmp_path / 'cache'}", f"parallel.tp={tp}", f"parallel.pp={pp}",
+                   f"parallel.sequence_parallel={'true' if tp > 1 else 'false'}"]
+    res = run_ranks(_layout_worker, 4, args=(over, str(tmp_path), tp, pp), timeout_s=240)
     for r in res:
         assert r["zero_norms"] == pytest.approx(r["plain_norms"], rel=1e-6, abs=0)
         assert r["zero"] == pytest.approx(r["plain"], rel=1e-6, abs=0)
