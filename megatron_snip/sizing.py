@@ -21,7 +21,8 @@ Accounting (stated so the numbers can be checked by hand):
   (``activation_bytes``; its docstring has the formula, tests/unit/test_activation_memory.py
   measures it with ``saved_tensors_hooks``): the residual stream and RMSNorm stay fp32,
   reference-path (all-BF16) linears save BF16 inputs under autocast, quantized-path linears
-  their fp32 input; flash-style attention (no s x s matrix). Under autocast each
+  their fp32 input, under SP only the sequence shard (emulated backend); flash-style attention
+  (no s x s matrix). Under autocast each
   reference-path linear also saves a BF16 copy of its weight per micro-batch in flight.
   Recompute: "selective" drops RoPE'd q, k and the logsumexp; "full" keeps only each
   recomputed block's fp32 input. The last stage adds the LM head: final norm (fp32) 8d+4,
@@ -374,7 +375,8 @@ def activation_bytes(cfg: Config) -> ActivationBytes:
       full recompute keeps only the block's fp32 input 4d.
 
     Tensor parallelism divides the head and ffn terms by tp; sequence parallelism divides the norm
-    terms too, but not the column-parallel linears' inputs: the code saves the gathered sequence.
+    terms and, on the emulated backend, the column-parallel linears' inputs too (each rank saves
+    its sequence shard and re-gathers it in backward: parallel/sequence_shard.py; TE: gathered).
     """
     m, t, p = cfg.model, cfg.training, cfg.parallel
     tp, sp = p.tp, p.sequence_parallel
@@ -384,7 +386,10 @@ def activation_bytes(cfg: Config) -> ActivationBytes:
     in_bytes = {lin: 4 if lin in quant else e for lin in LINEARS}  # what a linear saves of an fp32 input
     out_bytes = {lin: 4 if lin in quant or e == 4 else e for lin in LINEARS}
     seq_shard = tp if sp else 1
-    norms = 2 * (8 * d + 4) // seq_shard + (in_bytes["qkv"] + in_bytes["fc1"]) * d
+    # Column-parallel inputs under SP: the emulated backend saves the local shard
+    # (parallel/sequence_shard.py), Transformer Engine's modules the gathered input.
+    input_shard = seq_shard if cfg.precision.backend == "emulated" else 1
+    norms = 2 * (8 * d + 4) // seq_shard + (in_bytes["qkv"] + in_bytes["fc1"]) * d // input_shard
     qkv_width = (h + 2 * g) * hd
     if t.recompute == "selective":
         core = out_bytes["qkv"] * qkv_width
