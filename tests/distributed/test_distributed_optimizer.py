@@ -145,3 +145,28 @@ def test_model_parallel_x_dp2_matches_the_unsharded_optimizer(tmp_path, tp, pp):
     for r in res:
         assert r["zero_norms"] == pytest.approx(r["plain_norms"], rel=1e-6, abs=0)
         assert r["zero"] == pytest.approx(r["plain"], rel=1e-6, abs=0)
+
+
+def _snip_worker(rank: int, world: int, base: list[str], run_dir: str) -> dict:
+    """The whole SNIP re-plan (collect on every rank, reduce over DP, solve, broadcast) on top of
+    the distributed optimizer: the same plans as with the unsharded one."""
+    from megatron_snip.snip.controller import SnipController
+
+    topo = init_distributed(1, 1, device_type="cpu", timeout_s=90)
+    out = {}
+    for name, extra in (("plain", []), ("zero", ZERO)):
+        cfg = load_config(TINY, base + extra + [f"training.run_dir={run_dir}/{name}"])
+        tr = Trainer(cfg, topo)
+        tr.fit([SnipController(cfg, tr)])
+        tr.logger.close()
+        out[name] = [p.hash for p in tr.plan_history]
+    return out
+
+
+def test_snip_replans_on_the_distributed_optimizer(tmp_path):
+    snip = ["snip.enabled=true", "snip.policy=snip", "snip.formats=[\"fp8\",\"nvfp4\"]", "snip.warmup=1",
+            "snip.interval=2", "snip.probe_batches=1", "snip.noise_draws=1", "training.grad_clip=0"]
+    res = run_ranks(_snip_worker, 2, args=(BASE + snip + [f"data.cache_dir={tmp_path / 'cache'}"], str(tmp_path)),
+                    timeout_s=240)
+    for r in res:
+        assert len(r["plain"]) == 3 and r["zero"] == r["plain"]
