@@ -7,7 +7,8 @@ changes through ``apply_plan`` at a step boundary (house rule 2).
 Parallelism: the model is this rank's TP shard of its PP stage (``LlamaModel(layers=...,
 tp=...)``); with pp > 1 ``forward_backward`` runs the 1F1B (or GPipe) schedule of
 ``parallel/pipeline.py``; after it, ``GradReducer`` sums sequence-parallel grads over TP,
-averages all grads over DP and clips by the global norm over TP x PP. The loss (broadcast
+averages all grads over DP and clips by the global norm over TP x PP (with
+``training.distributed_optimizer``: the ZeRO-1 optimizer's reducer, which reduce-scatters instead). The loss (broadcast
 from the last stage, averaged over DP) and the skip decision are identical on every rank.
 
 Step semantics: optimizer step ``s`` (0-based) consumes global samples

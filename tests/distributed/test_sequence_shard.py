@@ -29,12 +29,13 @@ SETTINGS = {"fp32": ["training.dtype=float32"], "autocast_bf16plan": ["training.
 
 
 def _measure(tr: Trainer) -> tuple[float, list[tuple[int, ...]]]:
-    """Bytes per token block 1 saves (its forward and backward run once), and the shards' shapes."""
+    """Bytes per token block 1 saves (one forward and backward), and the shapes of the shards kept."""
     block = tr.model.layers["1"]
     held = {p.untyped_storage().data_ptr() for p in tr.model.parameters()}
     weight_shapes = {tuple(p.shape) for p in block.parameters()} | {tuple(p.t().shape) for p in block.parameters()}
     saved: dict[int, int] = {}
     shards: list[tuple[int, ...]] = []
+    inside = [False]  # in block 1's forward
 
     def pack(t):
         st = t.untyped_storage()
@@ -45,27 +46,20 @@ def _measure(tr: Trainer) -> tuple[float, list[tuple[int, ...]]]:
     real_forward, real_init = block.forward, sequence_shard.SequenceShard.__init__
 
     def forward(*args):
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            return real_forward(*args)
+        inside[0] = True
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                return real_forward(*args)
+        finally:
+            inside[0] = False
 
-    def init(self, shard, *rest):
+    def init(self, shard, *rest):  # the inner hooks' kept tensors, which the outer hook never sees
         real_init(self, shard, *rest)
         if inside[0]:
             shards.append(tuple(shard.shape))
             saved[shard.untyped_storage().data_ptr()] = shard.untyped_storage().nbytes()
 
-    inside = [False]
-    block_forward = block.forward
-
-    def forward_flag(*args):
-        inside[0] = True
-        try:
-            return forward(*args)
-        finally:
-            inside[0] = False
-
-    block.forward = forward_flag
-    sequence_shard.SequenceShard.__init__ = init
+    block.forward, sequence_shard.SequenceShard.__init__ = forward, init
     try:
         tokens = tr.micro_batches(0)[0]
         cos, sin = tr.model._rope(tokens.shape[1] - 1, tr.device)
@@ -74,8 +68,7 @@ def _measure(tr: Trainer) -> tuple[float, list[tuple[int, ...]]]:
             out = tr.model(tokens[:, :-1])
         tr.model.loss(out, tokens[:, 1:]).backward()
     finally:
-        block.forward, sequence_shard.SequenceShard.__init__ = block_forward, real_init
-    del real_forward
+        block.forward, sequence_shard.SequenceShard.__init__ = real_forward, real_init
     return sum(saved.values()) / (tokens.shape[0] * (tokens.shape[1] - 1)), shards
 
 
