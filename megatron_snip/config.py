@@ -304,8 +304,13 @@ class LoggingConfig:
     wandb_entity: str = ""
     wandb_run_name: str = ""
     wandb_mode: str = "auto"  # "auto" (online iff WANDB_API_KEY is set), "online", "offline", "disabled"
+    # Per-device peak TFLOP/s for MFU; 0 = the device's dense BF16 peak from precision/capability.py
+    # (no MFU logged where unknown, e.g. on CPU).
+    peak_tflops: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.peak_tflops < 0:
+            raise _err("logging.peak_tflops", self.peak_tflops, "must be >= 0 (0 = look the device up)")
         if self.wandb_mode not in ("auto", "online", "offline", "disabled"):
             raise _err("logging.wandb_mode", self.wandb_mode, "choose 'auto', 'online', 'offline' or 'disabled'")
 

@@ -8,38 +8,33 @@ touches a device or starts a process group. All figures are per optimizer step.
 
 Accounting (stated so the numbers can be checked by hand):
 
-* **Parameters** (``model/shapes.parameter_counts``). Per block: qkv (h+2g)*hd*d, proj
-  d*h*hd, fc1 2f*d, fc2 d*f and two RMSNorm weights d. Embedding V*d on the first stage,
-  final norm d and an untied LM head V*d on the last stage. Under TP the four linears and
-  the (vocab-parallel) embedding and LM head are split over ``tp`` ranks; norm weights are
-  replicated.
-* **Weights, gradients, optimizer** (per rank, DDP: nothing is sharded over DP). The fp32
-  parameters are the master weights (autocast casts to BF16 per GEMM, no persistent BF16
-  copy): 4 B/param; fp32 gradients 4 B/param; AdamW m and v in fp32 8 B/param; 16 B/param
-  in all. DDP is assumed to use ``gradient_as_bucket_view`` (no second gradient copy).
-* **Activations** saved for backward, per block, per token, Korthikanti et al. 2022
-  ("Reducing Activation Recomputation in Large Transformer Models", eq. 1-2) redone for a
-  Llama block - no dropout, RMSNorm, GQA, SwiGLU, flash/memory-efficient attention (no
-  s x s score matrix is stored) - with e bytes per element (2 for BF16, 4 for fp32)::
-
-      bytes = e * (4d + (h+2g)*hd + h*hd + 4f) + 4h
-              4d: two norm inputs, the qkv input, the fc1 input
-              (h+2g)*hd: q, k, v;  h*hd: attention output (proj input)
-              4f: gate and up (fc1 output), silu(gate), fc2 input;  4h: fp32 softmax logsumexp
-
-  Tensor parallelism divides every term except the 4d one by ``tp``; sequence parallelism
-  divides that one too (Megatron saves the sequence-sharded input of a column-parallel
-  linear and re-gathers it in backward). The last stage adds the LM head: final-norm and
-  LM-head inputs 2d (like the 4d term) plus 8*V/tp bytes (fp32 logits and fp32 softmax of
-  the vocab-parallel cross entropy). A pipeline stage holds the activations of every
+* **Parameters** (``model/shapes.parameter_counts``). Per block: qkv (h+2g)*hd*d, proj d*h*hd, fc1 2f*d, fc2 d*f and two
+  RMSNorm weights d. Embedding V*d on the first stage, final norm d and an untied LM head
+  V*d on the last stage. Under TP the four linears and the (vocab-parallel) embedding and
+  LM head are split over ``tp`` ranks; norm weights are replicated.
+* **Weights, gradients, optimizer** (per rank). The fp32 parameters are the master weights
+  (autocast casts to BF16 per GEMM): 4 B/param; fp32 gradients 4 B/param; AdamW m and v in
+  fp32 8 B/param, divided by dp with ``training.distributed_optimizer`` (ZeRO-1,
+  parallel/distributed_optimizer.py: the moments of a 1/dp shard per rank). Bucket-sized
+  temporaries of the gradient reduction are not counted.
+* **Activations** saved for backward, per block, per token, as the code saves them
+  (``activation_bytes``; its docstring has the formula, tests/unit/test_activation_memory.py
+  measures it with ``saved_tensors_hooks``): the residual stream and RMSNorm stay fp32,
+  reference-path (all-BF16) linears save BF16 inputs under autocast, quantized-path linears
+  their fp32 input, under SP only the sequence shard (emulated backend); flash-style attention
+  (no s x s matrix). Under autocast each
+  reference-path linear also saves a BF16 copy of its weight per micro-batch in flight.
+  Recompute: "selective" drops RoPE'd q, k and the logsumexp; "full" keeps only each
+  recomputed block's fp32 input. The last stage adds the LM head: final norm (fp32) 8d+4,
+  its E-byte input d (gathered under SP), the fp32 softmax 4*V/tp and the int64 targets 8,
+  plus its weight copy under autocast. A pipeline stage holds the activations of every
   micro-batch in flight: 1F1B keeps min(pp - stage, m) on stage ``stage`` (the first stage
-  holds the most: min(pp, m)), GPipe keeps all m, no pipeline keeps one. An upper-bound
-  style estimate: TE's FP8/FP4 modules save quantized inputs (smaller); the eager PyTorch
-  path with an fp32 residual stream and unfused norms saves more.
-* **FLOPs** on the global batch, T tokens (``model/shapes.py``). A linear with weight (N, K)
-  costs 2*T*K*N in each of fprop, dgrad and wgrad; the LM head likewise with (V, d);
-  attention scores and context cost 4*T*s*h*hd forward and twice that backward per block
-  (the non-causal convention of Megatron/PaLM MFU; causal kernels skip about half). Together:
+  holds the most: min(pp, m)), GPipe keeps all m, no pipeline keeps one. SNIP's probe passes
+  run without recompute (on ``snip.probe_micro_batch_size`` sequences) and are not counted.
+* **FLOPs** on the global batch, T tokens (``model/shapes.py``). A linear with weight (N, K) costs 2*T*K*N in
+  each of fprop, dgrad and wgrad; the LM head likewise with (V, d); attention scores and
+  context cost 4*T*s*h*hd forward and twice that backward per block (the non-causal
+  convention of Megatron/PaLM MFU; causal kernels skip about half). Together:
   6*T*(N_params - embedding - norms) + 12*T*s*h*hd*L.
 * **SNIP ILP** (``snip/ilp.py``): one Boolean per decision unit and allowed candidate, one
   exactly-one constraint per unit, one global FP4-share floor, one floor per pipeline stage
@@ -110,6 +105,8 @@ class StageSizing:
     in_flight: int
     activation_bytes: int
     flops: int
+    optimizer_shards: int = 1  # dp with the distributed optimizer, else 1
+
 
     @property
     def weight_bytes(self) -> int:
@@ -121,7 +118,7 @@ class StageSizing:
 
     @property
     def optimizer_bytes(self) -> int:
-        return ADAM_BYTES * self.params
+        return -(-ADAM_BYTES * self.params // self.optimizer_shards)
 
     @property
     def total_bytes(self) -> int:
@@ -185,7 +182,8 @@ class Sizing:
     micro_batches: int  # per DP rank per step
     tokens_per_step: int
     activation_element_bytes: int
-    activation_bytes_per_token_layer: int  # per rank, after TP/SP sharding
+    activation_bytes_per_token_layer: int  # per rank, after TP/SP sharding, of a block not fully recomputed
+    activations: ActivationBytes
     stages: tuple[StageSizing, ...]
     flops: dict[str, int]
     snip: SnipSizing
@@ -270,6 +268,103 @@ def _snip_sizing(cfg: Config, tp: int, pp: int) -> SnipSizing:
     )
 
 
+@dataclass(frozen=True)
+class ActivationBytes:
+    """What one rank's blocks save for backward, as the code saves it (module docstring, "Activations").
+
+    Attributes:
+        stored: bytes per token of a block that is not fully recomputed (selective recompute applied).
+        recomputed: bytes per token of a fully recomputed block (its fp32 input, kept by the checkpoint).
+        weight_copies_per_block: bytes per micro-batch in flight of a stored block: autocast's BF16
+            copies of the weights of linears on the reference (all-BF16) path, saved for their backward.
+        mode, every: ``training.recompute`` and ``training.recompute_every``.
+    """
+
+    stored: int
+    recomputed: int
+    weight_copies_per_block: int
+    mode: str
+    every: int
+
+    @property
+    def per_token_block(self) -> int:
+        """Bytes per token of a block under ``mode`` (with "full": a recomputed one)."""
+        return self.recomputed if self.mode == "full" else self.stored
+
+    def recomputed_blocks(self, blocks: int) -> int:
+        """How many of a stage's ``blocks`` are fully recomputed (local positions 0, every, 2*every, ...)."""
+        return -(-blocks // self.every) if self.mode == "full" else 0
+
+    def stage_bytes(self, blocks: int, tokens: int) -> int:
+        """Saved bytes of ``blocks`` blocks for one micro-batch of ``tokens`` tokens."""
+        rec = self.recomputed_blocks(blocks)
+        return (rec * self.recomputed + (blocks - rec) * self.stored) * tokens + (blocks - rec) * self.weight_copies_per_block
+
+
+def _quantized_linears(cfg: Config) -> set[str]:
+    """Linears whose GEMMs the initial plan puts on the quantized path (any GEMM not BF16, any layer);
+    a baseline policy spec counts as all of them (it is resolved only at start-up)."""
+    spec = cfg.precision.initial_plan
+    if spec == "bf16":
+        return set()
+    if spec.startswith("uniform:"):
+        return set() if spec.split(":", 1)[1] == "bf16" else set(LINEARS)
+    if spec.endswith(".json"):
+        return {gid.linear for gid, fmt in PrecisionPlan.load(spec).entries if fmt != "bf16"}
+    return set(LINEARS)
+
+
+def activation_bytes(cfg: Config) -> ActivationBytes:
+    """Saved-for-backward bytes of one block on one rank, following the code (model/llama.py,
+    model/norm.py, precision/gemm.py). ``E`` = 2 under BF16 autocast, 4 in fp32; the residual
+    stream and RMSNorm stay fp32. A linear on the reference path (every GEMM BF16: ``F.linear``)
+    saves its input cast to E and returns E; on the quantized path (``_QuantLinearFn``, not
+    autocast) it saves its input as given and returns the input's dtype. Per token:
+
+    * norms (x2): fp32 input 4d, rsqrt 4, normalized fp32 4d, and the linear's input
+      (the norm output, fp32): E*d on the reference path, 4d quantized;
+    * attention: qkv output o = E (reference) or 4 (quantized). o == E: SDPA saves RoPE'd q, k
+      (E*(h+g)*hd) and v, a view of the whole qkv output (E*(h+2g)*hd); o != E (autocast casts):
+      E*(h+2g)*hd. Plus the fp32 logsumexp 4h and the output E*h*hd, which is also proj's input;
+      flash-style attention, no s x s matrix (the CPU kernel used here does not save one either);
+    * SwiGLU: fc1 output o1*2f (gate and up), silu(gate) o1*f and the fc2 input o1*f, where o1 = E
+      or 4 as for qkv (a reference-path fc2 after a quantized fc1 saves its cast copy, E*f);
+    * selective recompute keeps, of the attention, only the qkv output (o*(h+2g)*hd) and the output;
+      full recompute keeps only the block's fp32 input 4d.
+
+    Tensor parallelism divides the head and ffn terms by tp; sequence parallelism divides the norm
+    terms and, on the emulated backend, the column-parallel linears' inputs too (each rank saves
+    its sequence shard and re-gathers it in backward: parallel/sequence_shard.py; TE: gathered).
+    """
+    m, t, p = cfg.model, cfg.training, cfg.parallel
+    tp, sp = p.tp, p.sequence_parallel
+    d, f, hd, h, g = m.hidden_size, m.ffn_hidden_size, m.head_dim, m.num_attention_heads, m.num_kv_heads
+    e = 4 if t.dtype == "float32" else 2
+    quant = _quantized_linears(cfg)
+    in_bytes = {lin: 4 if lin in quant else e for lin in LINEARS}  # what a linear saves of an fp32 input
+    out_bytes = {lin: 4 if lin in quant or e == 4 else e for lin in LINEARS}
+    seq_shard = tp if sp else 1
+    # Column-parallel inputs under SP: the emulated backend saves the local shard
+    # (parallel/sequence_shard.py), Transformer Engine's modules the gathered input.
+    input_shard = seq_shard if cfg.precision.backend == "emulated" else 1
+    norms = 2 * (8 * d + 4) // seq_shard + (in_bytes["qkv"] + in_bytes["fc1"]) * d // input_shard
+    qkv_width = (h + 2 * g) * hd
+    if t.recompute == "selective":
+        core = out_bytes["qkv"] * qkv_width
+    elif out_bytes["qkv"] == e:
+        core = e * (h + g) * hd + e * qkv_width + 4 * h
+    else:
+        core = e * qkv_width + 4 * h
+    attention = (core + e * h * hd) // tp
+    o1 = out_bytes["fc1"]
+    fc2_in = o1 if ("fc2" in quant or o1 == e) else e
+    mlp = (3 * o1 + fc2_in) * f // tp
+    shapes = _shapes(cfg)
+    copies = 0 if e == 4 else sum(2 * n * k // tp for lin, (n, k) in shapes.items() if lin not in quant)
+    return ActivationBytes(stored=norms + attention + mlp, recomputed=4 * d // seq_shard,
+                           weight_copies_per_block=copies, mode=t.recompute, every=t.recompute_every)
+
+
 def estimate(cfg: Config, world_size: int, gpu: str | None = None) -> Sizing:
     """Size ``cfg`` on ``world_size`` ranks (validates the config for that world size first).
 
@@ -295,12 +390,11 @@ def estimate(cfg: Config, world_size: int, gpu: str | None = None) -> Sizing:
     params_embedding, params_head = counts.embedding, counts.lm_head + counts.final_norm
     params_blocks = counts.blocks
 
-    # Activations per token per block on one rank (module docstring).
+    # Activations per token per block on one rank (module docstring, activation_bytes).
     e = 4 if t.dtype == "float32" else 2
-    sharded = e * ((h + 2 * g) * hd + h * hd + 4 * f) + 4 * h
-    replicated = e * 4 * d
-    act_layer = (replicated // tp if p.sequence_parallel else replicated) + sharded // tp
-    head_act = (e * 2 * d // tp if p.sequence_parallel else e * 2 * d) + 8 * vocab_local
+    acts = activation_bytes(cfg)
+    head_act = (8 * d + 4) // (tp if p.sequence_parallel else 1) + e * d + 4 * vocab_local + 8
+    head_copies = 2 * vocab_local * d if e == 2 else 0  # autocast's BF16 copy of the LM head weight
     tokens_micro = t.micro_batch_size * t.seq_len
     micro_batches = t.global_batch_size // (t.micro_batch_size * dp)
     tokens = t.global_batch_size * t.seq_len
@@ -328,9 +422,11 @@ def estimate(cfg: Config, world_size: int, gpu: str | None = None) -> Sizing:
             in_flight = micro_batches
         else:
             in_flight = min(pp - s, micro_batches)
-        act = in_flight * per_stage * act_layer * tokens_micro + (head_act * tokens_micro if last else 0)
+        act = in_flight * (acts.stage_bytes(per_stage, tokens_micro)
+                           + (head_act * tokens_micro + head_copies if last else 0))
         stage_flops = (per_stage * block_flops + (head_flops if last else 0)) // (tp * dp)
-        stages.append(StageSizing(s, s * per_stage, (s + 1) * per_stage - 1, params, in_flight, act, stage_flops))
+        stages.append(StageSizing(s, s * per_stage, (s + 1) * per_stage - 1, params, in_flight, act, stage_flops,
+                                  optimizer_shards=dp if t.distributed_optimizer else 1))
 
     gpu_spec = resolve_gpu(gpu)
     used = _formats_used(cfg)
@@ -341,7 +437,7 @@ def estimate(cfg: Config, world_size: int, gpu: str | None = None) -> Sizing:
         params_blocks=params_blocks, params_head=params_head,
         micro_batch=t.micro_batch_size, seq_len=t.seq_len, global_batch=t.global_batch_size,
         micro_batches=micro_batches, tokens_per_step=tokens,
-        activation_element_bytes=e, activation_bytes_per_token_layer=act_layer,
+        activation_element_bytes=e, activation_bytes_per_token_layer=acts.stored, activations=acts,
         stages=tuple(stages), flops=flops, snip=_snip_sizing(cfg, tp, pp), gpu=gpu_spec,
         backend=cfg.precision.backend, formats_used=used,
         support={fmt: _support(cfg.precision.backend, fmt, gpu_spec) for fmt in used},
@@ -388,15 +484,22 @@ def dry_run_report(cfg: Config, world_size: int, gpu: str | None = None) -> str:
     rows = [("parameters (millions)", [f"{c.params / 1e6:12.1f}" for c in cols]),
             (f"weights fp32 ({WEIGHT_BYTES} B/param)", [f"{_gib(c.weight_bytes):>12}" for c in cols]),
             (f"gradients fp32 ({GRAD_BYTES} B/param)", [f"{_gib(c.grad_bytes):>12}" for c in cols]),
-            (f"Adam m+v fp32 ({ADAM_BYTES} B/param)", [f"{_gib(c.optimizer_bytes):>12}" for c in cols]),
+            (f"Adam m+v fp32 ({ADAM_BYTES} B/param"
+             + (f" / dp {cols[0].optimizer_shards})" if cols[0].optimizer_shards > 1 else ")"),
+             [f"{_gib(c.optimizer_bytes):>12}" for c in cols]),
             ("micro-batches in flight", [f"{c.in_flight:12d}" for c in cols]),
             ("activations", [f"{_gib(c.activation_bytes):>12}" for c in cols]),
             ("total", [f"{_gib(c.total_bytes):>12}" for c in cols])]
     for name, vals in rows:
         add(f"  {name:<27}" + "".join(vals))
-    add(f"  activations: {s.activation_bytes_per_token_layer:,} B per token per block per rank "
-        f"(Korthikanti et al. 2022 redone for Llama, {'BF16' if s.activation_element_bytes == 2 else 'fp32'}, "
-        f"flash attention, {'with' if s.sequence_parallel else 'without'} sequence parallelism; see sizing.py)")
+    a = s.activations
+    recompute = {"none": "no recompute", "selective": "selective recompute (core attention)",
+                 "full": f"full recompute of {a.recomputed_blocks(s.layers_per_stage)} of {s.layers_per_stage} "
+                         f"blocks per stage ({a.recomputed:,} B per token each)"}[a.mode]
+    add(f"  activations: {s.activation_bytes_per_token_layer:,} B per token per stored block per rank "
+        f"+ {a.weight_copies_per_block / 2**20:,.1f} MiB of BF16 weight copies per block and micro-batch "
+        f"(as the code saves them: {'BF16 autocast' if s.activation_element_bytes == 2 else 'fp32'}, fp32 residual "
+        f"and norms, {'with' if s.sequence_parallel else 'without'} sequence parallelism, {recompute}; see sizing.py)")
     peak = s.peak_stage
     room = s.gpu.memory_gib - peak.total_bytes / GIB
     verdict = "fits" if room >= 0.1 * s.gpu.memory_gib else ("tight" if room >= 0 else "DOES NOT FIT")

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron_snip.parallel import comm
+from megatron_snip.parallel.sequence_shard import save_sequence_shard
 from megatron_snip.parallel.topology import TensorParallel
 from megatron_snip.precision.backends import Backend, get_backend
 from megatron_snip.precision.plan import GemmPrecision
@@ -187,11 +188,22 @@ class ColumnParallelLinear(PrecisionLinear):
     """
 
     shard_dim = 0
+    # Under SP, save the input's sequence shard and re-gather it in backward (parallel/sequence_shard.py);
+    # LlamaModel.set_recompute turns it off inside fully recomputed blocks.
+    save_input_shard = True
 
     def _input_comm(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.sequence_parallel:
             return comm.gather_from_sp(x, self.tp.group)
         return comm.copy_to_tp(x, self.tp.group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (self.tp.sequence_parallel and self.save_input_shard and self.probe is None
+                and self.backend.name == "emulated" and torch.is_grad_enabled()):
+            return super().forward(x)
+        x_full = self._input_comm(x)
+        with save_sequence_shard(x_full, x, self.tp.group):
+            return self.local_gemm(x_full)
 
 
 class RowParallelLinear(PrecisionLinear):

@@ -225,6 +225,8 @@ class LlamaModel(nn.Module):
         for j, block in enumerate(self.layers.values()):
             block.recompute = mode == "full" and j % every == 0
             block.attn.recompute_core = mode == "selective"
+            # The SP shard-saving hooks would shadow the checkpoint's own (parallel/sequence_shard.py).
+            block.attn.qkv.save_input_shard = block.mlp.fc1.save_input_shard = not block.recompute
 
     def set_backend(self, backend: Backend) -> None:
         """Run every linear's GEMMs through ``backend`` (emulated or Transformer Engine)."""

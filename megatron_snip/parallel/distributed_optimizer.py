@@ -129,16 +129,18 @@ class DistributedOptimizer:
         return {id(p): n for n, p in enumerate(p for g in self.param_groups for p in g["params"])}
 
     def state_dict(self) -> dict[str, Any] | None:
-        """``torch.optim.AdamW.state_dict()``'s format with whole tensors, on DP rank 0; None on the
-        other DP ranks. A collective over DP (every DP rank calls it)."""
+        """``torch.optim.AdamW.state_dict()``'s format with whole (CPU) tensors, on DP rank 0; None on
+        the other DP ranks. A collective over DP (every DP rank calls it)."""
         index = self._index()
         state: dict[int, dict[str, torch.Tensor]] = {}
         for b, st in zip(self.reducer.buckets, self.shard_state):
             if not st:
                 continue
+            # Gathered one bucket at a time and moved to the CPU: device memory grows by one bucket x dp only.
             full = {k: gather_flat_to_first(st[k], self.topo.dp_group) for k in _MOMENTS}
             if full["exp_avg"] is None:
                 continue
+            full = {k: v.cpu() for k, v in full.items()}
             for p, off in zip(b.params, b.offsets):
                 state[index[id(p)]] = {"step": st["step"].clone(),
                                        **{k: full[k][off:off + p.numel()].view_as(p).clone() for k in _MOMENTS}}

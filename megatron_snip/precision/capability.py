@@ -40,8 +40,8 @@ import torch
 from megatron_snip.precision.formats import FORMATS, get_format
 
 __all__ = [
-    "ARCH_NAMES", "BACKENDS", "GPUS", "TE_MIN_COMPUTE_CAPABILITY", "Capability", "GpuSpec", "check", "check_gpu_type",
-    "require",
+    "ARCH_NAMES", "BACKENDS", "GPUS", "PEAK_BF16_TFLOPS", "SCALED_MM_MIN_COMPUTE_CAPABILITY", "TE_MIN_COMPUTE_CAPABILITY",
+    "Capability", "GpuSpec", "check", "check_gpu_type", "peak_bf16_tflops", "require",
 ]
 
 BACKENDS: tuple[str, ...] = ("emulated", "torch", "te")
@@ -71,6 +71,24 @@ _TE_AVAILABILITY_FN: dict[str, str] = {
 SCALED_MM_MIN_COMPUTE_CAPABILITY: dict[str, tuple[int, int]] = {"fp8": (8, 9), "fp8_block": (9, 0)}
 
 ARCH_NAMES = {(8, 0): "Ampere", (8, 9): "Ada", (9, 0): "Hopper", (10, 0): "Blackwell"}
+
+# Dense BF16 tensor-core peak per device, TFLOP/s (NVIDIA datasheets, no sparsity): the MFU
+# denominator. Matched as a substring of torch.cuda.get_device_name(), first match wins (so
+# "H100 PCIe" before "H100"); logging.peak_tflops overrides it. MFU against the BF16 peak is the
+# usual convention also for FP8/FP4 plans (it can then exceed what BF16 alone could reach).
+PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("GB200", 2500.0),
+    ("B200", 2250.0),
+    ("H200", 989.0),
+    ("H100 PCIe", 756.0),
+    ("H100", 989.0),
+    ("A100", 312.0),
+)
+
+
+def peak_bf16_tflops(device_name: str) -> float | None:
+    """The dense BF16 peak of a device named like ``torch.cuda.get_device_name()``; None if unknown."""
+    return next((tflops for key, tflops in PEAK_BF16_TFLOPS if key.lower() in device_name.lower()), None)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import resource
 import sys
 import time
 from pathlib import Path
@@ -103,15 +102,6 @@ def step_line(step: int, max_steps: int, *, loss: float, lr: float, grad_norm: f
     return (f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] step {step:>{len(str(max_steps))}}/{max_steps} | loss {loss:.4f} "
             f"| lr {lr:.3e} | grad norm {grad_norm:.3f} | {tokens_per_s:,.0f} tok/s{tflops} | peak mem {peak_memory} "
             f"| skipped {skipped} | FP4 share {fp4_share:.2f} | elapsed {_hms(elapsed_s)} | ETA {_hms(eta_s)}")
-
-
-def peak_memory(device: Any) -> str:
-    """Peak memory of this process: CUDA allocator peak on a GPU, resident set size on CPU."""
-    import torch
-
-    if getattr(device, "type", str(device)) == "cuda":
-        return f"{torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB"
-    return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB RSS"  # ru_maxrss is KiB on Linux
 
 
 def _hms(seconds: float) -> str:

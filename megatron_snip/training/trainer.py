@@ -10,7 +10,8 @@ precision map, log and metrics lines, W&B, checkpointed state).
 Parallelism: the model is this rank's TP shard of its PP stage (``LlamaModel(layers=...,
 tp=...)``); ``forward_backward`` runs the layout's schedule of ``parallel/pipeline.py`` (no
 pipeline, 1F1B or GPipe); after it, ``GradReducer`` sums sequence-parallel grads over TP,
-averages all grads over DP and clips by the global norm over TP x PP. The loss (broadcast
+averages all grads over DP and clips by the global norm over TP x PP (with
+``training.distributed_optimizer``: the ZeRO-1 optimizer's reducer, which reduce-scatters instead). The loss (broadcast
 from the last stage, averaged over DP) and the skip decision are identical on every rank.
 
 Step semantics: optimizer step ``s`` (0-based) consumes global samples
@@ -49,7 +50,7 @@ from megatron_snip.precision.backends import Backend, get_backend
 from megatron_snip.precision.capability import require
 from megatron_snip.precision.plan import GemmId, PrecisionPlan, all_gemm_ids
 from megatron_snip.snip.host import Replan
-from megatron_snip.telemetry.logger import RunLogger, peak_memory, step_line
+from megatron_snip.telemetry.logger import RunLogger, step_line
 from megatron_snip.telemetry.wandb_sink import WandbSink
 from megatron_snip.training import checkpoint as ckpt
 from megatron_snip.training.init_from import init_from
@@ -58,6 +59,7 @@ from megatron_snip.training.optim import build_optimizer
 from megatron_snip.training.preemption import StopSignal, TrainingPreempted
 from megatron_snip.training.resume_check import compare
 from megatron_snip.training.vocab_check import model_vocab_size
+from megatron_snip.training.throughput import Throughput, peak_memory_text
 
 
 class TrainingStopped(RuntimeError):
@@ -172,6 +174,7 @@ class Trainer:
         self.quant_generator = torch.Generator(device=self.device).manual_seed(t.seed + 1)
         self.model.set_quant_generator(self.quant_generator)
         self.linear_numel = linear_numel(model_linear_shapes(cfg.model))
+        self.throughput = Throughput(cfg, self.vocab_size, self.topo.world_size, self.device)
 
         self.step = 0  # optimizer steps completed
         self._param_norm = self.param_norm()  # for the post-step guard (_check_update)
@@ -469,7 +472,6 @@ class Trainer:
             self.logger.info(f"model: {self.grads.global_numel() / 1e6:.2f}M parameters, vocab {self.vocab_size}, "
                              f"{self.topo.describe()}, device {self.device}, autocast {self.autocast_dtype}, "
                              f"plan {self.plan.policy} (FP4 share {self.plan.fp4_flops_share:.2f})")
-        flops_per_step = self._model_flops_per_step()
         window = _LogWindow()
         fit_start, first_step = time.perf_counter(), self.step
         last_eval: dict[str, float] = {}
@@ -501,16 +503,15 @@ class Trainer:
                 if self.step % t.log_interval == 0 or res.skipped or self.step == t.max_steps:
                     metrics.update(loss=res.loss, lr=lr_at(step, t), grad_norm=res.grad_norm, step_time_s=dt,
                                    tokens_per_s=tokens_per_step / dt, skipped_steps=self.skipped_steps,
-                                   fp4_share=self.plan.fp4_flops_share)
+                                   fp4_share=self.plan.fp4_flops_share, **self.throughput.metrics(dt))
                 if self.step % t.log_interval == 0 or self.step == t.max_steps:
                     elapsed = time.perf_counter() - fit_start
                     per_step = elapsed / (self.step - first_step)
                     self.logger.info(step_line(
                         self.step, t.max_steps, loss=window.mean_loss(), lr=lr_at(step, t), grad_norm=res.grad_norm,
                         tokens_per_s=tokens_per_step * window.steps / window.seconds,
-                        tflops_per_rank=None if flops_per_step is None else
-                        flops_per_step * window.steps / window.seconds / self.topo.world_size / 1e12,
-                        peak_memory=peak_memory(self.device), skipped=self.skipped_steps,
+                        tflops_per_rank=self.throughput.flops_per_device * window.steps / window.seconds / 1e12,
+                        peak_memory=peak_memory_text(self.device), skipped=self.skipped_steps,
                         fp4_share=self.plan.fp4_flops_share, elapsed_s=elapsed,
                         eta_s=per_step * (t.max_steps - self.step)))
                     window = _LogWindow()
@@ -541,15 +542,6 @@ class Trainer:
         if self.topo.is_distributed:
             comm.all_reduce_max(flag, self.topo.world_group)
         return bool(flag.item() > 0)
-
-    def _model_flops_per_step(self) -> float | None:
-        """Training FLOPs of one optimizer step over all ranks (``sizing.estimate``), None if unknown."""
-        from megatron_snip.sizing import estimate
-
-        try:
-            return float(estimate(self.cfg, self.topo.world_size).flops_total)
-        except (ValueError, KeyError):
-            return None
 
     # --- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -30,13 +30,15 @@ BASE = [
 ZERO = ["training.distributed_optimizer=true"]
 
 
-def _train(tr: Trainer, steps: range) -> list[float]:
+def _train(tr: Trainer, steps: range, norms: list[float] | None = None) -> list[float]:
     losses = []
     for s in steps:
         res = tr.train_step(s)
         tr.step = s + 1
         assert not res.skipped
         losses.append(res.loss)
+        if norms is not None:
+            norms.append(res.grad_norm)
     return losses
 
 
@@ -120,3 +122,51 @@ def test_sharded_checkpoints_resume_exactly_and_convert_both_ways(results):
         assert r["zero_resumed"] == r["zero_clip0"]
         assert r["plain_into_zero"] == r["plain_clip0"]
         assert r["zero_into_plain"] == r["plain_clip0"]
+
+
+def _layout_worker(rank: int, world: int, base: list[str], run_dir: str, tp: int, pp: int) -> dict:
+    """DP=2 with TP or PP: the shards' norm counts TP-sharded grads on both TP ranks, replicated
+    ones once, and sums over the pipeline stages."""
+    topo = init_distributed(tp, pp, device_type="cpu", timeout_s=90)
+    out = {}
+    for name, extra in (("plain", []), ("zero", ZERO)):
+        tr = Trainer(load_config(TINY, base + extra + [f"training.run_dir={run_dir}/{name}"]), topo)
+        out[f"{name}_norms"] = []
+        out[name] = _train(tr, range(3), out[f"{name}_norms"])
+        tr.logger.close()
+    return out
+
+
+@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)], ids=["tp2_dp2_sp", "pp2_dp2"])
+def test_model_parallel_x_dp2_matches_the_unsharded_optimizer(tmp_path, tp, pp):
+    over = BASE + [f"data.cache_dir={tmp_path / 'cache'}", f"parallel.tp={tp}", f"parallel.pp={pp}",
+                   f"parallel.sequence_parallel={'true' if tp > 1 else 'false'}"]
+    res = run_ranks(_layout_worker, 4, args=(over, str(tmp_path), tp, pp), timeout_s=240)
+    for r in res:
+        assert r["zero_norms"] == pytest.approx(r["plain_norms"], rel=1e-6, abs=0)
+        assert r["zero"] == pytest.approx(r["plain"], rel=1e-6, abs=0)
+
+
+def _snip_worker(rank: int, world: int, base: list[str], run_dir: str) -> dict:
+    """The whole SNIP re-plan (collect on every rank, reduce over DP, solve, broadcast) on top of
+    the distributed optimizer: the same plans as with the unsharded one."""
+    from megatron_snip.snip.controller import SnipController
+
+    topo = init_distributed(1, 1, device_type="cpu", timeout_s=90)
+    out = {}
+    for name, extra in (("plain", []), ("zero", ZERO)):
+        cfg = load_config(TINY, base + extra + [f"training.run_dir={run_dir}/{name}"])
+        tr = Trainer(cfg, topo)
+        tr.fit([SnipController(cfg, tr)])
+        tr.logger.close()
+        out[name] = [p.hash for p in tr.plan_history]
+    return out
+
+
+def test_snip_replans_on_the_distributed_optimizer(tmp_path):
+    snip = ["snip.enabled=true", "snip.policy=snip", "snip.formats=[\"fp8\",\"nvfp4\"]", "snip.warmup=1",
+            "snip.interval=2", "snip.probe_batches=1", "snip.noise_draws=1", "training.grad_clip=0"]
+    res = run_ranks(_snip_worker, 2, args=(BASE + snip + [f"data.cache_dir={tmp_path / 'cache'}"], str(tmp_path)),
+                    timeout_s=240)
+    for r in res:
+        assert len(r["plain"]) == 3 and r["zero"] == r["plain"]

@@ -66,17 +66,23 @@ def test_70b_memory_per_rank(s70):
     assert first.weight_bytes == 4 * 1_102_479_360
     assert first.grad_bytes == 4 * 1_102_479_360
     assert first.optimizer_bytes == 8 * 1_102_479_360
-    # BF16 activations per token per block, SP over TP=8:
-    # 2*(4d + (h+2g)*hd + h*hd + 4f) + 4h = 2*(32768 + 10240 + 8192 + 114688) + 256 = 332032 -> /8.
-    assert s70.activation_bytes_per_token_layer == 332_032 // 8 == 41_504
+    # BF16 autocast, BF16 plan, SP over TP=8, as the code saves (sizing.activation_bytes):
+    # fp32 norms 2*(8d+4)/8 = 16385, the gathered BF16 qkv and fc1 inputs 2*2d = 32768,
+    # attention (2*(h+g)*hd + 2*(h+2g)*hd + 4h + 2*h*hd)/8 = 55552/8 = 6944, SwiGLU 8f/8 = 28672.
+    assert s70.activation_bytes_per_token_layer == 16_385 + 32_768 + 6_944 + 28_672 == 84_769
+    # Autocast's BF16 weight copies, per block and micro-batch in flight: 2 B per local linear parameter.
+    copies = 2 * LINEARS_PER_BLOCK // 8
+    assert s70.activations.weight_copies_per_block == copies
     # 1F1B: the first stage holds pp = 8 micro-batches of its 10 blocks, 4096 tokens each.
     assert first.in_flight == 8 and last.in_flight == 1
-    assert first.activation_bytes == 8 * 10 * 4096 * 41_504
-    # Last stage: one micro-batch + LM head (final-norm and head inputs 2*2*d/8, fp32 logits+softmax 8*V/8).
-    assert last.activation_bytes == 10 * 4096 * 41_504 + 4096 * (2 * 2 * 8192 // 8 + 8 * 32000 // 8)
-    assert first.total_bytes == 16 * 1_102_479_360 + 8 * 10 * 4096 * 41_504
+    assert first.activation_bytes == 8 * 10 * (4096 * 84_769 + copies)
+    # Last stage: one micro-batch + LM head (fp32 final norm (8d+4)/8, its BF16 input 2d, fp32 softmax
+    # 4*V/8, int64 targets 8; the head weight's BF16 copy 2*V*d/8).
+    head = (8 * 8192 + 4) // 8 + 2 * 8192 + 4 * 32000 // 8 + 8
+    assert last.activation_bytes == 10 * (4096 * 84_769 + copies) + 4096 * head + 2 * 32000 * 8192 // 8
+    assert first.total_bytes == 16 * 1_102_479_360 + 8 * 10 * (4096 * 84_769 + copies)
     assert s70.peak_stage.stage == 0
-    assert 28 * GIB < first.total_bytes < 30 * GIB  # fits an 80 GiB H100 with room for SNIP probes
+    assert 58 * GIB < first.total_bytes < 59 * GIB  # fits an 80 GiB H100, 21 GiB left for probes and buffers
 
 
 def test_70b_flops(s70):
@@ -141,7 +147,7 @@ def test_in_flight_micro_batches_follow_the_schedule():
     gpipe = sizing.estimate(load_config(CFG_70B, ["training.global_batch_size=4", "parallel.pp_schedule=gpipe"]), 64)
     assert [s.in_flight for s in gpipe.stages] == [4] * 8
     no_sp = sizing.estimate(load_config(CFG_70B, ["parallel.sequence_parallel=false"]), 64)
-    assert no_sp.activation_bytes_per_token_layer == 2 * 4 * 8192 + (332_032 - 2 * 4 * 8192) // 8
+    assert no_sp.activation_bytes_per_token_layer == 2 * (8 * 8192 + 4) + 32_768 + 6_944 + 28_672  # norms not /8
 
 
 def test_block_divisibility_limits_candidates():
@@ -163,7 +169,10 @@ def test_block_divisibility_limits_candidates():
 def test_fp32_activations_and_tiny_report():
     tiny = sizing.estimate(load_config("launch/configs/tiny.toml", ["training.dtype=float32"]), 1)
     d, f, h, g, hd = 256, 768, 4, 2, 64
-    assert tiny.activation_bytes_per_token_layer == 4 * (4 * d + (h + 2 * g) * hd + h * hd + 4 * f) + 4 * h
+    # fp32: norms 2*(8d+4) + linear inputs 8d; RoPE'd q, k 4(h+g)hd + qkv (via v) 4(h+2g)hd + 4h + output 4h*hd; 16f
+    assert tiny.activation_bytes_per_token_layer == (24 * d + 8 + 4 * (h + g) * hd + 4 * (h + 2 * g) * hd + 4 * h
+                                                     + 4 * h * hd + 16 * f)
+    assert tiny.activations.weight_copies_per_block == 0  # fp32: no autocast copies
     assert tiny.vocab_size == 320 and tiny.params_total == 3_311_872  # "tiny: a 3.3M-parameter Llama"
     text = sizing.dry_run_report(load_config("launch/configs/tiny.toml"), 1)
     assert "emulated" in text and "NO " not in text
@@ -180,3 +189,23 @@ def test_formats_of_a_plan_file_are_checked_against_the_backend(tmp_path):
     assert s.support["mxfp4"][0] is False and "no Transformer Engine recipe" in s.support["mxfp4"][1]
     with pytest.raises(ValueError, match="does not exist"):
         sizing.estimate(load_config(CFG_70B, [f"precision.initial_plan={tmp_path / 'nope.json'}"]), 64)
+
+
+def test_70b_recompute_and_distributed_optimizer():
+    """The dry run per setting, from the same formulas tests/unit/test_activation_memory.py measures."""
+    def first_stage(*over, world=64):
+        return sizing.estimate(load_config(CFG_70B, list(over)), world).stages[0]
+
+    none = first_stage()
+    selective = first_stage("training.recompute=selective")
+    full = first_stage("training.recompute=full")
+    assert selective.activation_bytes < none.activation_bytes
+    # full: each block keeps its fp32 input 4d/8 per token (SP); no weight copies are kept.
+    assert full.activation_bytes == 8 * 10 * 4096 * (4 * 8192 // 8)
+    assert full.activation_bytes < 0.15 * none.activation_bytes
+    half = first_stage("training.recompute=full", "training.recompute_every=2")
+    assert half.activation_bytes == (none.activation_bytes + full.activation_bytes) // 2
+    # The distributed optimizer shards m and v over DP; at DP=1 (64 GPUs) there is nothing to shard.
+    assert first_stage("training.distributed_optimizer=true").optimizer_bytes == none.optimizer_bytes
+    dp2 = first_stage("training.distributed_optimizer=true", "training.global_batch_size=1024", world=128)
+    assert dp2.optimizer_bytes == 8 * 1_102_479_360 // 2

@@ -1,0 +1,75 @@
+"""The dry run's activation memory is what the code saves: bytes saved for backward per token per
+block, measured with ``torch.autograd.graph.saved_tensors_hooks`` on one block of a small model,
+against ``sizing.activation_bytes`` (within 10%) for each setting the formula distinguishes.
+
+Counted: every distinct storage a block's forward saves for backward, except the parameters and
+the model's cached RoPE tables (held anyway); autocast's BF16 copies of the block's weights are
+per micro-batch, not per token, and are checked on their own. Sequence length 48 with micro-batch
+2 makes T = 96 tokens differ from every model dim, so a weight copy is never mistaken for an activation.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import SMALL
+
+from megatron_snip.config import load_config
+from megatron_snip.sizing import activation_bytes
+from megatron_snip.training.trainer import Trainer
+
+TINY = "launch/configs/tiny.toml"
+
+
+def measure(tmp_path, *extra: str) -> tuple[float, int]:
+    """(activation bytes per token saved by block 1, bytes of autocast weight copies it saved)."""
+    over = SMALL + ["model.ffn_hidden_size=80", "training.seq_len=48", "training.micro_batch_size=2",
+                    "training.global_batch_size=2", f"training.run_dir={tmp_path / 'run'}",
+                    f"data.cache_dir={tmp_path / 'cache'}", *extra]
+    tr = Trainer(load_config(TINY, over))
+    block = tr.model.layers["1"]
+    held = {p.untyped_storage().data_ptr() for p in tr.model.parameters()}
+    weight_shapes = {tuple(p.shape) for p in block.parameters()} | {tuple(p.t().shape) for p in block.parameters()}
+    saved: dict[int, tuple[int, bool]] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        if st.data_ptr() not in held:
+            saved[st.data_ptr()] = (st.nbytes(), tuple(t.shape) in weight_shapes)
+        return t
+
+    real = block.forward
+
+    def forward(*args):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            return real(*args)
+
+    block.forward = forward
+    tokens = tr.micro_batches(0)[0]
+    cos, sin = tr.model._rope(tokens.shape[1] - 1, tr.device)
+    held |= {cos.untyped_storage().data_ptr(), sin.untyped_storage().data_ptr()}
+    tr.forward_loss(tokens).backward()  # backward too: recompute must have freed and re-made its tensors
+    T = tokens.shape[0] * (tokens.shape[1] - 1)
+    acts = sum(n for n, is_weight in saved.values() if not is_weight)
+    return acts / T, sum(n for n, is_weight in saved.values() if is_weight)
+
+
+SETTINGS = {
+    "fp32_bf16plan": ["training.dtype=float32"],
+    "fp32_nvfp4": ["training.dtype=float32", "precision.initial_plan=uniform:nvfp4"],
+    "autocast_bf16plan": ["training.dtype=bfloat16"],
+    "autocast_nvfp4": ["training.dtype=bfloat16", "precision.initial_plan=uniform:nvfp4"],
+    "autocast_bf16plan_selective": ["training.dtype=bfloat16", "training.recompute=selective"],
+    "fp32_selective": ["training.dtype=float32", "training.recompute=selective"],
+    "fp32_full": ["training.dtype=float32", "training.recompute=full"],
+    "autocast_nvfp4_full": ["training.dtype=bfloat16", "precision.initial_plan=uniform:nvfp4", "training.recompute=full"],
+}
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_saved_bytes_per_token_per_block_match_the_estimate(tmp_path, name):
+    got, weight_copies = measure(tmp_path, *SETTINGS[name])
+    cfg = load_config(TINY, SMALL + ["model.ffn_hidden_size=80", "training.seq_len=48", *SETTINGS[name]])
+    est = activation_bytes(cfg)
+    assert got == pytest.approx(est.per_token_block, rel=0.10), (name, got, est)
+    assert weight_copies == est.weight_copies_per_block, (name, weight_copies, est)
