@@ -550,7 +550,7 @@ class Trainer:
         both values; the others are listed with what they do."""
         decision: dict[str, Any] = {}
         if self.is_writer:
-            step, skipped = ckpt.latest_verified(self.ckpt_root, self.topo.tp, self.topo.pp)
+            step, skipped = ckpt.latest_verified(self.ckpt_root)
             decision = {"step": step, "skipped": skipped}
             if step is not None:
                 for bad in ckpt.list_checkpoints(self.ckpt_root):
@@ -571,6 +571,9 @@ class Trainer:
             return False
         meta = ckpt.read_meta(self.ckpt_root, step)
         d = ckpt.step_dir(self.ckpt_root, step)
+        if (meta.get("tp", 1), meta.get("pp", 1)) != (self.topo.tp, self.topo.pp):
+            raise ValueError(f"checkpoint {d} was saved with tp={meta.get('tp')} pp={meta.get('pp')}, this run has "
+                             f"parallel.tp={self.topo.tp} parallel.pp={self.topo.pp}; resume with the same layout")
         if "config" in meta:
             refusals, notes = compare(meta["config"], self.cfg.to_dict())
             if meta.get("vocab_size", self.vocab_size) != self.vocab_size:

@@ -187,3 +187,15 @@ def test_pruning_never_deletes_checkpoints_newer_than_the_one_saved(tmp_path):
         ckpt.write_shard(root, step, {"s": step})
         ckpt.commit(root, step, {"step": step}, keep=1)
     assert ckpt.list_checkpoints(root) == [2, 30]
+
+
+def test_a_checkpoint_of_another_layout_is_refused_not_set_aside(small_overrides, tmp_path):
+    """An intact tp=1 checkpoint passes the integrity check (so resume never sets it aside); only
+    the layout check, asked for a tp=2 run, refuses it - naming both layouts."""
+    root = tmp_path / "checkpoints"
+    ckpt.write_shard(root, 4, {"x": 1})
+    ckpt.commit(root, 4, {"step": 4, "tp": 1, "pp": 1}, keep=2)
+    assert ckpt.latest_verified(root) == (4, [])
+    with pytest.raises(ValueError, match="saved with tp=1 pp=1 and has no shard_tp01_pp00.pt"):
+        ckpt.verify(root, 4, tp=2, pp=1)
+    assert ckpt.list_checkpoints(root) == [4]
