@@ -199,3 +199,20 @@ def test_a_checkpoint_of_another_layout_is_refused_not_set_aside(small_overrides
     with pytest.raises(ValueError, match="saved with tp=1 pp=1 and has no shard_tp01_pp00.pt"):
         ckpt.verify(root, 4, tp=2, pp=1)
     assert ckpt.list_checkpoints(root) == [4]
+
+
+def test_snip_replan_counter_is_restored_on_resume(small_overrides, tmp_path):
+    from megatron_snip.snip.controller import SnipController
+
+    snip = ["snip.enabled=true", "snip.warmup=1", "snip.interval=1", "snip.probe_batches=1", "snip.noise_draws=1",
+            "snip.policy=uniform:fp8", "snip.fp4_target=0", "training.save_interval=3"]
+    cfg = load_config(TINY, small_overrides + snip + ["training.max_steps=3"])
+    tr = Trainer(cfg)
+    ctl = SnipController(cfg, tr)
+    tr.fit([ctl])
+    tr.logger.close()
+    assert ctl.replans == 2  # steps 1 and 2
+    cfg2 = load_config(TINY, small_overrides + snip + ["training.max_steps=5", "training.resume=true"])
+    resumed = Trainer(cfg2)
+    assert SnipController(cfg2, resumed).replans == 2
+    resumed.logger.close()
