@@ -86,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as e:
         if not is_collective_failure(e):
             raise
+        if heartbeat is not None:
+            heartbeat.await_verdict()  # names the dead/hung rank and exits, if one stopped beating
         print(f"error: a collective failed on rank {env_rank()} at step {heartbeat.step if heartbeat else '?'} "
               f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); another rank died or stopped "
               f"responding (parallel.collective_timeout_s={cfg.parallel.collective_timeout_s:g}) - see its log",
