@@ -45,12 +45,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         return 0
-    from megatron_snip.parallel.distributed import (destroy_distributed, env_rank, env_world_size, init_distributed,
-                                                    is_collective_failure)
-    from megatron_snip.training.run import run_training
     from megatron_snip.atomic_io import ensure_writable_dir
+    from megatron_snip.parallel.distributed import (
+        destroy_distributed,
+        env_rank,
+        env_world_size,
+        init_distributed,
+        is_collective_failure,
+    )
     from megatron_snip.parallel.watchdog import EXIT_HUNG, Heartbeat
     from megatron_snip.training.preemption import EXIT_PREEMPTED, TrainingPreempted
+    from megatron_snip.training.run import run_training
     from megatron_snip.training.trainer import TrainingStopped
 
     if cfg.precision.backend == "emulated":

@@ -117,5 +117,5 @@ def peak_memory(device: Any) -> str:
 def _hms(seconds: float) -> str:
     if not math.isfinite(seconds):
         return "?"
-    s = int(round(seconds))
+    s = round(seconds)
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"

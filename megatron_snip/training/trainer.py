@@ -45,9 +45,9 @@ from megatron_snip.telemetry.logger import RunLogger, peak_memory, step_line
 from megatron_snip.telemetry.wandb_sink import WandbSink
 from megatron_snip.training import checkpoint as ckpt
 from megatron_snip.training.lr import lr_at
-from megatron_snip.training.resume_check import compare
 from megatron_snip.training.optim import build_optimizer
 from megatron_snip.training.preemption import StopSignal, TrainingPreempted
+from megatron_snip.training.resume_check import compare
 
 
 class TrainingStopped(RuntimeError):

@@ -25,16 +25,16 @@ def _start(mode, tmp_path, fault_step=3):
                          "training.max_steps=200", "training.eval_interval=1000", "training.device=cpu",
                          "training.micro_batch_size=2",
                          f"parallel.collective_timeout_s={TIMEOUT_S}"]
-    argv = ["--config", "launch/configs/tiny.toml", *sum((["--set", o] for o in overrides), [])]
+    argv = ["--config", "launch/configs/tiny.toml", *[a for o in overrides for a in ("--set", o)]]
     procs = []
     for rank in range(2):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
                "PYTHONPATH": str(REPO)}
-        err = open(tmp_path / f"rank{rank}.err", "w")
-        procs.append(subprocess.Popen([sys.executable, str(REPO / "tests/distributed/fault_worker.py"), mode,
-                                       str(fault_step), str(tmp_path / "fault_time"), "--", *argv],
-                                      cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err))
+        with open(tmp_path / f"rank{rank}.err", "w") as err:  # the child keeps its own copy of the fd
+            procs.append(subprocess.Popen([sys.executable, str(REPO / "tests/distributed/fault_worker.py"), mode,
+                                           str(fault_step), str(tmp_path / "fault_time"), "--", *argv],
+                                          cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err))
     return procs
 
 
