@@ -47,12 +47,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         return 0
-    from megatron_snip.parallel.distributed import (destroy_distributed, env_rank, env_world_size, init_distributed,
-                                                    is_collective_failure)
-    from megatron_snip.training.run import run_training
     from megatron_snip.atomic_io import ensure_writable_dir
+    from megatron_snip.parallel.distributed import (
+        destroy_distributed,
+        env_rank,
+        env_world_size,
+        init_distributed,
+        is_collective_failure,
+    )
     from megatron_snip.parallel.watchdog import EXIT_HUNG, Heartbeat
     from megatron_snip.training.preemption import EXIT_PREEMPTED, TrainingPreempted
+    from megatron_snip.training.run import run_training
     from megatron_snip.training.trainer import TrainingStopped
 
     if cfg.precision.backend == "emulated":
@@ -88,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as e:
         if not is_collective_failure(e):
             raise
+        if heartbeat is not None:
+            heartbeat.await_verdict()  # names the dead/hung rank and exits, if one stopped beating
         print(f"error: a collective failed on rank {env_rank()} at step {heartbeat.step if heartbeat else '?'} "
               f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); another rank died or stopped "
               f"responding (parallel.collective_timeout_s={cfg.parallel.collective_timeout_s:g}) - see its log",

@@ -71,6 +71,13 @@ class Heartbeat:
         self._thread.start()
         return self
 
+    def await_verdict(self) -> None:
+        """After a failed collective (a peer reset the connection): give the watcher the time it
+        needs to name the rank that stopped beating - it then ends the process with that message.
+        Returns when no rank is declared hung within ``timeout_s / 2`` + two beats."""
+        if self._thread is not None:
+            self._thread.join(self.limit_s + 2 * self.interval_s)
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:

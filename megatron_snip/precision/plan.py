@@ -201,11 +201,11 @@ class PrecisionPlan:
         decide what gets logged as its FP4 share); without it the recorded share is kept (plans
         this code wrote: checkpoints, broadcasts)."""
         if not isinstance(d, Mapping):
-            raise ValueError(f"plan JSON is a {_json_type(d)}, not an object with 'entries', 'step', 'policy'")
+            raise ValueError(f"plan JSON is a {_json_type(d)}, not an object with 'entries', 'step', 'policy'")  # noqa: TRY004 - user input
         raw = d.get("entries")
         if not isinstance(raw, Mapping):
             got = "missing" if raw is None else f"a {_json_type(raw)}"
-            raise ValueError(f"plan JSON 'entries' is {got}; it must be an object mapping '<layer>.<linear>.<gemm>' "
+            raise ValueError(f"plan JSON 'entries' is {got}; it must be an object mapping '<layer>.<linear>.<gemm>' "  # noqa: TRY004
                              f"to a format name, e.g. {{\"0.qkv.fprop\": \"fp8\"}}")
         entries = {}
         for k, fmt in raw.items():
@@ -215,13 +215,13 @@ class PrecisionPlan:
             entries[gid] = fmt
         extra = d.get("extra") or {}
         if not isinstance(extra, Mapping):
-            raise ValueError(f"plan JSON 'extra' is a {_json_type(extra)}; it must be an object (or left out)")
+            raise ValueError(f"plan JSON 'extra' is a {_json_type(extra)}; it must be an object (or left out)")  # noqa: TRY004
         step = d.get("step", 0)
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"plan JSON 'step'={step!r} must be a non-negative integer")
         policy = d.get("policy", "file")
         if not isinstance(policy, str):
-            raise ValueError(f"plan JSON 'policy'={policy!r} must be a string")
+            raise ValueError(f"plan JSON 'policy'={policy!r} must be a string")  # noqa: TRY004
         claimed = d.get("fp4_flops_share")
         if claimed is not None and (isinstance(claimed, bool) or not isinstance(claimed, (int, float))):
             raise ValueError(f"plan JSON 'fp4_flops_share'={claimed!r} must be a number")

@@ -107,5 +107,5 @@ def step_line(step: int, max_steps: int, *, loss: float, lr: float, grad_norm: f
 def _hms(seconds: float) -> str:
     if not math.isfinite(seconds):
         return "?"
-    s = int(round(seconds))
+    s = round(seconds)
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"

@@ -36,10 +36,6 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used (corrupt, incomplete, unreadable); the message says which and why."""
 
 
-class LayoutMismatchError(ValueError):
-    """A checkpoint saved with another TP/PP layout: intact, usable after resharding (never set aside)."""
-
-
 def shard_name(tp_rank: int = 0, pp_rank: int = 0) -> str:
     return f"shard_tp{tp_rank:02d}_pp{pp_rank:02d}.pt"
 
@@ -131,22 +127,19 @@ def read_meta(ckpt_root: Path, step: int) -> dict[str, Any]:
     return meta
 
 
-def verify(ckpt_root: Path, step: int, tp: int = 1, pp: int = 1) -> dict[str, Any]:
-    """Check that checkpoint ``step`` is complete for a ``tp`` x ``pp`` layout and every shard
-    matches its recorded sha256; returns its meta. Raises ``CheckpointError`` saying why not."""
+def verify(ckpt_root: Path, step: int, tp: int | None = None, pp: int | None = None) -> dict[str, Any]:
+    """Check that every shard of checkpoint ``step`` listed in its meta.json is there and matches
+    its recorded sha256 - and, when ``tp``/``pp`` are given, that it has the shards of that
+    layout; returns its meta. Raises ``CheckpointError`` saying why not."""
     d = step_dir(ckpt_root, step)
     meta = read_meta(ckpt_root, step)
-    if (meta.get("tp", 1), meta.get("pp", 1)) != (tp, pp):
-        raise LayoutMismatchError(
-            f"checkpoint {d} was saved with tp={meta.get('tp', 1)} pp={meta.get('pp', 1)}, this run has "
-            f"parallel.tp={tp} parallel.pp={pp}; resume with the same layout, or convert it: "
-            f"python scripts/reshard_checkpoint.py {ckpt_root.parent} --tp {tp} --pp {pp}")
     sums = meta.get("shards")
     if not isinstance(sums, dict) or not sums:
         raise CheckpointError(f"checkpoint {d} records no shard checksums (meta.json 'shards'; written by an "
                               f"older version?) so it cannot be verified")
-    for tp_rank in range(tp):
-        for pp_rank in range(pp):
+    layout = (tp or 1, pp or 1) if (tp or pp) else (0, 0)
+    for tp_rank in range(layout[0]):
+        for pp_rank in range(layout[1]):
             name = shard_name(tp_rank, pp_rank)
             if name not in sums:
                 raise CheckpointError(f"checkpoint {d} was saved with tp={meta.get('tp')} pp={meta.get('pp')} and has "
@@ -162,14 +155,13 @@ def verify(ckpt_root: Path, step: int, tp: int = 1, pp: int = 1) -> dict[str, An
     return meta
 
 
-def latest_verified(ckpt_root: Path, tp: int = 1, pp: int = 1) -> tuple[int | None, list[str]]:
-    """The newest checkpoint that ``verify`` accepts, and one reason per newer one it skipped.
-
-    A checkpoint of another layout is not skipped: ``LayoutMismatchError`` propagates (resharding fixes it)."""
+def latest_verified(ckpt_root: Path) -> tuple[int | None, list[str]]:
+    """The newest checkpoint whose shards ``verify`` (intact, whatever their layout), and one
+    reason per newer one it skipped."""
     skipped: list[str] = []
     for step in reversed(list_checkpoints(ckpt_root)):
         try:
-            verify(ckpt_root, step, tp, pp)
+            verify(ckpt_root, step)
         except CheckpointError as e:
             skipped.append(str(e))
             continue

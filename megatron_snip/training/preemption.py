@@ -13,6 +13,7 @@ from __future__ import annotations
 import signal
 import threading
 from types import FrameType
+from typing import Self
 
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: a checkpoint was written, requeue and resume
@@ -34,7 +35,7 @@ class StopSignal:
         if self.received is None:
             self.received = signal.Signals(signum)
 
-    def __enter__(self) -> StopSignal:
+    def __enter__(self) -> Self:
         if threading.current_thread() is threading.main_thread():
             for s in PREEMPT_SIGNALS:
                 self._previous[s] = signal.signal(s, self._handle)

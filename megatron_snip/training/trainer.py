@@ -613,19 +613,13 @@ class Trainer:
         both values; the others are listed with what they do."""
         decision: dict[str, Any] = {}
         if self.is_writer:
-            try:
-                step, skipped = ckpt.latest_verified(self.ckpt_root, self.topo.tp, self.topo.pp)
-            except ckpt.LayoutMismatchError as e:  # every rank raises it, none waits for the others
-                decision = {"layout_error": str(e)}
-            else:
-                decision = {"step": step, "skipped": skipped}
-                if step is not None:
-                    for bad in ckpt.list_checkpoints(self.ckpt_root):
-                        if bad > step:
-                            ckpt.set_aside(self.ckpt_root, bad)
+            step, skipped = ckpt.latest_verified(self.ckpt_root)
+            decision = {"step": step, "skipped": skipped}
+            if step is not None:
+                for bad in ckpt.list_checkpoints(self.ckpt_root):
+                    if bad > step:
+                        ckpt.set_aside(self.ckpt_root, bad)
         decision = comm.broadcast_object(decision, 0, self.topo.world_group)
-        if "layout_error" in decision:
-            raise ckpt.LayoutMismatchError(decision["layout_error"])
         step, skipped = decision["step"], decision["skipped"]
         for reason in skipped:
             self.logger.info(f"skipping checkpoint: {reason}")
@@ -640,6 +634,11 @@ class Trainer:
             return False
         meta = ckpt.read_meta(self.ckpt_root, step)
         d = ckpt.step_dir(self.ckpt_root, step)
+        if (meta.get("tp", 1), meta.get("pp", 1)) != (self.topo.tp, self.topo.pp):
+            raise ValueError(f"checkpoint {d} was saved with tp={meta.get('tp')} pp={meta.get('pp')}, this run has "
+                             f"parallel.tp={self.topo.tp} parallel.pp={self.topo.pp}; resume with the same layout, "
+                             f"or convert it: python scripts/reshard_checkpoint.py {self.run_dir} "
+                             f"--tp {self.topo.tp} --pp {self.topo.pp}")
         if "config" in meta:
             refusals, notes = compare(meta["config"], self.cfg.to_dict())
             if meta.get("vocab_size", self.vocab_size) != self.vocab_size:

@@ -134,9 +134,9 @@ def test_pp4_deep_pipeline_matches_pp1(cache_dir, tmp_path):
     runs = [_overrides(cache_dir, tmp_path / f"r{m}", "model.num_layers=4", "training.max_steps=2",
                        f"training.micro_batch_size={8 // m}") for m in (4, 2)]
     refs = [_run(None, over, 2) for over in runs]
-    # the pipelined runs get run directories of their own (a fresh run never reuses one: trainer._check_run_dir)
-    pp4 = [over + ["parallel.pp=4", f"training.run_dir={tmp_path / f'pp4_{i}'}"] for i, over in enumerate(runs)]
-    res = run_ranks(_pp4_worker, 4, args=(pp4,), timeout_s=120)
+    # Own run directories: a fresh run into the references' ones would be refused (issue #17, item 2).
+    res = run_ranks(_pp4_worker, 4, args=([over + ["parallel.pp=4", f"training.run_dir={tmp_path / f'pp4_{i}'}"]
+                                           for i, over in enumerate(runs)],), timeout_s=120)
     for i, ref in enumerate(refs):
         _compare([r[i] for r in res], ref, loss_rtol=1e-6, tensor_rtol=1e-5)
 

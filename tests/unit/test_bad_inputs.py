@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +17,10 @@ from megatron_snip.training import checkpoint as ckpt
 from megatron_snip.training.trainer import Trainer, TrainingStopped
 
 TINY = "launch/configs/tiny.toml"
+
+
+def _argv(overrides):
+    return ["--config", TINY, *[a for o in overrides for a in ("--set", o)]]
 
 
 # --- item 5: non-finite config values --------------------------------------------------------
@@ -40,7 +45,7 @@ def test_non_finite_config_values_are_refused(override, field):
 def test_huge_update_stops_before_the_weights_are_saved(small_overrides, tmp_path, capsys):
     over = small_overrides + ["training.max_steps=6", "training.save_interval=2", "training.lr=1e6",
                               "training.min_lr=0", "training.warmup_steps=0"]
-    code = train_cli.main(["--config", TINY, *sum((["--set", o] for o in over), [])])
+    code = train_cli.main(_argv(over))
     err = capsys.readouterr().err
     assert code == train_cli.EXIT_STOPPED
     assert "error: training stopped: step 0: the optimizer update took the parameter norm from" in err
@@ -70,7 +75,7 @@ def test_consecutive_non_finite_steps_exit_non_zero_with_a_message(small_overrid
     real = Trainer._stage_forward  # every schedule's forward of one micro-batch
     monkeypatch.setattr(Trainer, "_stage_forward", lambda self, tokens, x: real(self, tokens, x) * float("nan"))
     over = small_overrides + ["training.max_steps=6", "training.max_consecutive_skips=2"]
-    code = train_cli.main(["--config", TINY, *sum((["--set", o] for o in over), [])])
+    code = train_cli.main(_argv(over))
     err = capsys.readouterr().err
     assert code == train_cli.EXIT_STOPPED
     assert "error: training stopped: 2 consecutive non-finite steps (training.max_consecutive_skips=2)" in err
@@ -153,15 +158,16 @@ def test_changed_dtype_byte_and_negative_length_are_named(tmp_path):
     from megatron_snip.data.indexed import IndexedDataset, idx_path
 
     prefix = _bin_corpus(tmp_path, list(range(100)), np.uint16)
-    raw = bytearray(open(idx_path(prefix), "rb").read())
+    idx = Path(idx_path(prefix))
+    raw = bytearray(idx.read_bytes())
     raw[17] = 4  # int32: pointers now disagree (2-byte tokens written)
-    open(idx_path(prefix), "wb").write(bytes(raw))
+    idx.write_bytes(bytes(raw))
     with pytest.raises(ValueError, match=r"dtype code 4 \(int32, 4-byte tokens\) disagrees with the sequence pointers, "
                                          r"which imply 2-byte tokens"):
         IndexedDataset(prefix)
     raw[17] = 8
     raw[34:38] = (-3).to_bytes(4, "little", signed=True)
-    open(idx_path(prefix), "wb").write(bytes(raw))
+    idx.write_bytes(bytes(raw))
     with pytest.raises(ValueError, match=r"sequence 0 has negative length -3"):
         IndexedDataset(prefix)
 

@@ -177,11 +177,9 @@ def test_checkpoint_shard_checksum_is_recorded_and_verified(tmp_path):
     ckpt.commit(root, 1, {"step": 1, "tp": 1, "pp": 1}, keep=2)
     assert ckpt.read_meta(root, 1)["shards"] == {ckpt.shard_name(): digest}
     assert ckpt.verify(root, 1)["step"] == 1
-    # another layout is no corruption: a distinct error (never set aside) that names the reshard command
-    with pytest.raises(ckpt.LayoutMismatchError, match=r"saved with tp=1 pp=1, this run has parallel.tp=2 "
-                                                       r"parallel.pp=1; .*reshard_checkpoint.py .* --tp 2 --pp 1"):
-        ckpt.latest_verified(root, tp=2)
-    assert ckpt.list_checkpoints(root) == [1]
+    with pytest.raises(ValueError, match=r"saved with tp=1 pp=1 and has no shard_tp01_pp00.pt; resume with the same"):
+        ckpt.verify(root, 1, tp=2)
+    assert ckpt.latest_verified(root) == (1, [])  # intact whatever the layout: never set aside for it
 
 
 def test_pruning_never_deletes_checkpoints_newer_than_the_one_saved(tmp_path):
@@ -190,3 +188,32 @@ def test_pruning_never_deletes_checkpoints_newer_than_the_one_saved(tmp_path):
         ckpt.write_shard(root, step, {"s": step})
         ckpt.commit(root, step, {"step": step}, keep=1)
     assert ckpt.list_checkpoints(root) == [2, 30]
+
+
+def test_a_checkpoint_of_another_layout_is_refused_not_set_aside(small_overrides, tmp_path):
+    """An intact tp=1 checkpoint passes the integrity check (so resume never sets it aside); only
+    the layout check, asked for a tp=2 run, refuses it - naming both layouts."""
+    root = tmp_path / "checkpoints"
+    ckpt.write_shard(root, 4, {"x": 1})
+    ckpt.commit(root, 4, {"step": 4, "tp": 1, "pp": 1}, keep=2)
+    assert ckpt.latest_verified(root) == (4, [])
+    with pytest.raises(ValueError, match="saved with tp=1 pp=1 and has no shard_tp01_pp00.pt"):
+        ckpt.verify(root, 4, tp=2, pp=1)
+    assert ckpt.list_checkpoints(root) == [4]
+
+
+def test_snip_replan_counter_is_restored_on_resume(small_overrides, tmp_path):
+    from megatron_snip.snip.controller import SnipController
+
+    snip = ["snip.enabled=true", "snip.warmup=1", "snip.interval=1", "snip.probe_batches=1", "snip.noise_draws=1",
+            "snip.policy=uniform:fp8", "snip.fp4_target=0", "training.save_interval=3"]
+    cfg = load_config(TINY, small_overrides + snip + ["training.max_steps=3"])
+    tr = Trainer(cfg)
+    ctl = SnipController(cfg, tr)
+    tr.fit([ctl])
+    tr.logger.close()
+    assert ctl.replans == 2  # steps 1 and 2
+    cfg2 = load_config(TINY, small_overrides + snip + ["training.max_steps=5", "training.resume=true"])
+    resumed = Trainer(cfg2)
+    assert SnipController(cfg2, resumed).replans == 2
+    resumed.logger.close()
