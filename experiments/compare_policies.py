@@ -67,6 +67,7 @@ from experiments.comparison.report import write_report
 from experiments.comparison.runner import run_all
 from experiments.comparison.store import best_static_baseline, current_results, latest_records, read_results
 from megatron_snip.config import load_config
+from megatron_snip.data import indexed
 from megatron_snip.data.pipeline import corpus_name
 
 
@@ -154,8 +155,10 @@ def valid_corpora(chosen: list[tuple[str, str]]) -> tuple[str, ...]:
 
 
 def missing_corpora(p: Protocol) -> list[str]:
-    """Validation corpora files that do not exist (paths relative to the repository, where runs start)."""
-    return [c for c in p.valid_corpora if not c.startswith("bundled:") and not (REPO / c).exists()]
+    """Validation corpora that are neither bundled nor a file or indexed prefix (paths relative to the
+    repository, where the runs start)."""
+    return [c for c in p.valid_corpora
+            if not c.startswith("bundled:") and not (REPO / c).exists() and not indexed.exists(REPO / c)]
 
 
 def protocol_from_args(args: argparse.Namespace) -> Protocol:

@@ -33,7 +33,7 @@ DEFAULT_VALID_CORPORA = {"moby_dick": "bundled:moby_dick", "python_docs": "corpu
 # The default model and batch (on top of tiny.toml): 8 blocks so that bf16_ends at rho=0.75 is a
 # real recipe (first and last block high precision = exactly 75% FP4; with tiny's 4 blocks it
 # degenerates to all-FP4), d=128 and 128-token sequences so that 54 runs of 500 steps fit in
-# a CPU afternoon (--dry-list prints the estimate).
+# one sitting on a small CPU machine (--dry-list prints the estimate; docs/bench/README.md says what it took).
 DEFAULT_SETS = ("model.num_layers=8", "model.hidden_size=128", "model.ffn_hidden_size=384",
                 "training.seq_len=128", "training.micro_batch_size=8", "training.global_batch_size=8")
 # Keys the driver sets per run; a user --set on them would silently break pairing or resume.

@@ -274,6 +274,35 @@ def test_report_from_fake_results(tmp_path):
     assert "figures/compare_curves_fp8-mxfp4.png" in text
 
 
+def write_report_inputs(docs: Path) -> None:
+    """What the report reads besides the records: a benchmark JSON, the validation summary, the discussion."""
+    (docs / "validation").mkdir(parents=True)
+    (docs / "overheads.json").write_text(json.dumps({
+        "command": "python -m experiments.bench.overheads --reps 5", "compiled_quantizers": True,
+        "machine": {"torch_threads": 1, "load_avg_at_start": [0.5, 0.4, 0.3]},
+        "replan": {"model": "tiny", "replan_s": 6.96, "stats_s": 6.6, "metrics_s": 0.0003, "solve_s": 0.003,
+                   "replan_over_step": 11.6, "step_s": 0.6, "interval": 100, "pct_of_training_at_interval": 8.6},
+        "emulation": {"formats": {"nvfp4": {"step_s": 0.745, "ratio": 1.23}, "mxfp4": {"error": "NotImplementedError: x"}}},
+        "ilp": {"rows": [{"granularity": "gemm", "layers": 80, "units": 960, "status": "OPTIMAL", "solve_s": 0.11}]}}))
+    (docs / "validation" / "summary.md").write_text("Spearman rank correlation.\n\n# A heading\n\n| a | b |\n|---|---|\n")
+    (docs / report_writer.DISCUSSION_FILE).write_text("Hand-written conclusions.\n")
+
+
+def test_report_text_is_unchanged_by_the_split(tmp_path, monkeypatch):
+    """The whole report on constructed records, against the text the single-file driver wrote for
+    them before the split (data/report_expected.md; only the generator's path changed), so
+    docs/results.md regenerates identically from the recorded runs."""
+    results = fake_results(tmp_path)
+    write_report_inputs(tmp_path / "docs")
+    p = small_protocol(seeds=(1, 2, 3), format_sets=(MX,), sweep_rhos=(0.5, 0.75), sweep_format_sets=(MX,))
+    records = results + [dict(results[0], name="x_seed1", status="failed")]
+    expected = (Path(__file__).parent / "data" / "report_expected.md").read_text()
+    monkeypatch.chdir(tmp_path)  # a relative report path, as the driver's default docs/results.md
+    text = report_writer.write_report(results, p, Path("docs/results.md"),
+                                      command="python -m experiments.compare_policies X", all_records=records).read_text()
+    assert text == expected
+
+
 # --- one real end-to-end run through the subprocess path ----------------------------------------
 def _small_corpus(path: Path, first_doc: int, n_docs: int) -> Path:
     """A few KB of real text (slices of the bundled sample) so the runs tokenize in no time."""
