@@ -359,7 +359,7 @@ def activation_bytes(cfg: Config) -> ActivationBytes:
     o1 = out_bytes["fc1"]
     fc2_in = o1 if ("fc2" in quant or o1 == e) else e
     mlp = (3 * o1 + fc2_in) * f // tp
-    shapes = _shapes(cfg)
+    shapes = model_linear_shapes(cfg.model)
     copies = 0 if e == 4 else sum(2 * n * k // tp for lin, (n, k) in shapes.items() if lin not in quant)
     return ActivationBytes(stored=norms + attention + mlp, recomputed=4 * d // seq_shard,
                            weight_copies_per_block=copies, mode=t.recompute, every=t.recompute_every)

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from megatron_snip.config import TrainingConfig
+from megatron_snip.parallel.topology import ParallelTopology
 from megatron_snip.precision import fallbacks
 from megatron_snip.snip.stats import adam_denominator
 from megatron_snip.training.optim import adam_state, build_optimizer
@@ -74,7 +75,7 @@ CUDA = torch.device("cuda")  # build_optimizer picks apex for CUDA; the stand-in
 def test_apex_fused_adam_behind_torch_interface(monkeypatch):
     _install_apex(monkeypatch, FakeFusedAdam)
     model = _model()
-    opt = build_optimizer(model, TrainingConfig(), CUDA)
+    opt = build_optimizer(model, TrainingConfig(), CUDA, ParallelTopology.single())
     assert isinstance(opt, FakeFusedAdam)
     w = model[0].weight
     assert adam_state(opt, w) is None
@@ -104,7 +105,7 @@ def test_broken_apex_falls_back_to_torch_adamw_and_says_why(monkeypatch, failure
     monkeypatch.setattr(fallbacks, "_RECORDED", {})
     monkeypatch.setattr(fallbacks, "_UNLOGGED", [])
     with pytest.warns(RuntimeWarning, match="apex FusedAdam failed to load"):
-        opt = build_optimizer(_model(), TrainingConfig(), CUDA)
+        opt = build_optimizer(_model(), TrainingConfig(), CUDA, ParallelTopology.single())
     assert type(opt) is torch.optim.AdamW and opt.defaults["fused"]
     (line,) = fallbacks.drain()
     assert type(failure).__name__ in line and str(failure) in line
@@ -113,5 +114,5 @@ def test_broken_apex_falls_back_to_torch_adamw_and_says_why(monkeypatch, failure
 def test_no_apex_uses_torch_fused_adamw(monkeypatch):
     monkeypatch.setitem(sys.modules, "apex", None)  # import apex -> ImportError
     monkeypatch.setattr(fallbacks, "_UNLOGGED", [])
-    opt = build_optimizer(_model(), TrainingConfig(), CUDA)
+    opt = build_optimizer(_model(), TrainingConfig(), CUDA, ParallelTopology.single())
     assert type(opt) is torch.optim.AdamW and opt.defaults["fused"] and fallbacks.drain() == []

@@ -175,10 +175,11 @@ def test_a_refused_gemm_falls_back_without_a_second_amax_reduction(monkeypatch):
 
 
 def test_dry_run_sizing_knows_the_torch_backend():
-    from megatron_snip import sizing
+    from megatron_snip.precision.capability import GPUS, check_gpu_type
 
-    h100, a100 = sizing.GPUS["h100"], sizing.GPUS["a100"]
-    assert sizing.format_support("torch", "fp8", h100) == (True, f"torch scaled-mm on {h100.name}")
-    assert sizing.format_support("torch", "fp8_block", a100)[0] and "emulated" in sizing.format_support(
-        "torch", "fp8_block", a100)[1]
-    assert "emulated" in sizing.format_support("torch", "nvfp4", h100)[1]
+    h100, a100 = GPUS["h100"], GPUS["a100"]
+    fp8 = check_gpu_type("torch", "fp8", h100)
+    assert (fp8.ok, fp8.reason) == (True, f"torch scaled-mm on {h100.name}")
+    fp8_block = check_gpu_type("torch", "fp8_block", a100)
+    assert fp8_block.ok and "emulated" in fp8_block.reason
+    assert "emulated" in check_gpu_type("torch", "nvfp4", h100).reason
