@@ -318,18 +318,16 @@ def activation_bytes(cfg: Config) -> ActivationBytes:
     """Saved-for-backward bytes of one block on one rank, following the code (model/llama.py,
     model/norm.py, precision/gemm.py). ``E`` = 2 under BF16 autocast, 4 in fp32; the residual
     stream and RMSNorm stay fp32. A linear on the reference path (every GEMM BF16: ``F.linear``)
-    saves its input cast to E and returns E; on the quantized path (``_QuantLinearFn``, not
-    autocast) it saves its input as given and returns the input's dtype. Per token:
+    saves its input cast to E; on the quantized path (``_QuantLinearFn``) it saves its input as
+    given. Both return E (the activation dtype: ``gemm.activation_dtype``). Per token:
 
     * norms (x2): fp32 input 4d, rsqrt 4, normalized fp32 4d, and the linear's input
       (the norm output, fp32): E*d on the reference path, 4d quantized;
-    * attention: qkv output o = E (reference) or 4 (quantized). o == E: SDPA saves RoPE'd q, k
-      (E*(h+g)*hd) and v, a view of the whole qkv output (E*(h+2g)*hd); o != E (autocast casts):
-      E*(h+2g)*hd. Plus the fp32 logsumexp 4h and the output E*h*hd, which is also proj's input;
+    * attention: SDPA saves RoPE'd q, k (E*(h+g)*hd) and v, a view of the whole qkv output
+      (E*(h+2g)*hd), the fp32 logsumexp 4h and the output E*h*hd, which is also proj's input;
       flash-style attention, no s x s matrix (the CPU kernel used here does not save one either);
-    * SwiGLU: fc1 output o1*2f (gate and up), silu(gate) o1*f and the fc2 input o1*f, where o1 = E
-      or 4 as for qkv (a reference-path fc2 after a quantized fc1 saves its cast copy, E*f);
-    * selective recompute keeps, of the attention, only the qkv output (o*(h+2g)*hd) and the output;
+    * SwiGLU: fc1 output E*2f (gate and up), silu(gate) E*f and the fc2 input E*f;
+    * selective recompute keeps, of the attention, only the qkv output (E*(h+2g)*hd) and the output;
       full recompute keeps only the block's fp32 input 4d.
 
     Tensor parallelism divides the head and ffn terms by tp; sequence parallelism divides the norm
@@ -342,23 +340,15 @@ def activation_bytes(cfg: Config) -> ActivationBytes:
     e = 4 if t.dtype == "float32" else 2
     quant = _quantized_linears(cfg)
     in_bytes = {lin: 4 if lin in quant else e for lin in LINEARS}  # what a linear saves of an fp32 input
-    out_bytes = {lin: 4 if lin in quant or e == 4 else e for lin in LINEARS}
     seq_shard = tp if sp else 1
     # Column-parallel inputs under SP: the emulated backend saves the local shard
     # (parallel/sequence_shard.py), Transformer Engine's modules the gathered input.
     input_shard = seq_shard if cfg.precision.backend == "emulated" else 1
     norms = 2 * (8 * d + 4) // seq_shard + (in_bytes["qkv"] + in_bytes["fc1"]) * d // input_shard
     qkv_width = (h + 2 * g) * hd
-    if t.recompute == "selective":
-        core = out_bytes["qkv"] * qkv_width
-    elif out_bytes["qkv"] == e:
-        core = e * (h + g) * hd + e * qkv_width + 4 * h
-    else:
-        core = e * qkv_width + 4 * h
+    core = e * qkv_width if t.recompute == "selective" else e * (h + g) * hd + e * qkv_width + 4 * h
     attention = (core + e * h * hd) // tp
-    o1 = out_bytes["fc1"]
-    fc2_in = o1 if ("fc2" in quant or o1 == e) else e
-    mlp = (3 * o1 + fc2_in) * f // tp
+    mlp = 4 * e * f // tp
     shapes = model_linear_shapes(cfg.model)
     copies = 0 if e == 4 else sum(2 * n * k // tp for lin, (n, k) in shapes.items() if lin not in quant)
     return ActivationBytes(stored=norms + attention + mlp, recomputed=4 * d // seq_shard,
