@@ -21,9 +21,9 @@ and the Spearman correlation of κ̂ with the truth across linears.
 third- and higher-order terms of the loss in Y; compare ``kappa_truth_all_draws`` across scales).
 The short BF16 training run goes to a temporary directory (``--run-dir`` keeps it).
 
-It reaches into ``snip/stats.py``'s probe machinery (``StatsCollector._probes``, ``_harshest``,
-``_Record``, ``_flat``, ``_frozen_weights``): the experiment re-runs the statistics' noise passes
-one draw at a time, which no public entry point offers.
+It re-runs the statistics' forward-noise pass one draw at a time through the public
+``StatsCollector.noisy_output_grads`` (the pass ``snip/stats.py`` itself runs) and its noise scale
+``forward_noise_sigma`` of the ``harshest_format``.
 """
 
 from __future__ import annotations
@@ -44,15 +44,7 @@ from scipy.stats import spearmanr
 from experiments.bench.common import build_trainer
 from megatron_snip.config import load_config
 from megatron_snip.precision.gemm import tune_cpu_malloc
-from megatron_snip.snip.stats import (
-    ProbeConfig,
-    StatsCollector,
-    _flat,
-    _frozen_weights,
-    _Record,
-    forward_noise_sigma,
-    key_of,
-)
+from megatron_snip.snip.stats import ProbeConfig, StatsCollector, forward_noise_sigma, harshest_format, key_of
 
 ESTIMATORS = (("antithetic", 1), ("antithetic", 2), ("one-sided", 1), ("one-sided", 2), ("one-sided", 4))
 
@@ -93,16 +85,12 @@ def estimate(args: argparse.Namespace, cfg, tr) -> dict:
     sums = collector.collect(tr, [tokens], 10_000, noise_passes=False)["linears"]
     linears = list(tr.model.precision_linears())
     keys = [key_of(lin) for lin in linears]
-    harshest = collector._harshest(sums)
+    harshest = harshest_format(collector.cfg.formats, sums)
     sigma = {k: args.sigma_scale * forward_noise_sigma(sums[k], harshest) for k in keys}
     gen = torch.Generator().manual_seed(7)
 
     def grads(noise):
-        records = {k: _Record(noise=None if noise is None else noise[k]) for k in keys}
-        with collector._probes(linears, "noise", records, gen), _frozen_weights(linears):
-            tr.forward_backward([tokens])
-        tr.optimizer.zero_grad(set_to_none=True)
-        return {k: _flat(records[k].g) for k in keys}
+        return collector.noisy_output_grads(tr, tokens, noise)
 
     t0 = time.perf_counter()
     g0 = grads(None)

@@ -62,7 +62,7 @@ def tune_cpu_malloc(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 << 3
     each time and returns the free top of its heap to the OS once it exceeds its trim
     threshold (both dynamic, starting at 128 KiB / 256 KiB), so the next temporary
     page-faults in again: 5-40k faults per tiny nvfp4 step, ~5% of a compiled step and
-    a third of an eager one (scripts/bench_quant.py). Fixing the thresholds - blocks up
+    a third of an eager one (python -m experiments.bench.step). Fixing the thresholds - blocks up
     to ``mmap_threshold`` (glibc's cap is 32 MiB) come from the heap, and up to
     ``trim_threshold`` bytes of free heap stay mapped - removes them. The same effect
     as MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_ in the environment, or LD_PRELOAD

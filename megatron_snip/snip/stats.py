@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -235,23 +235,19 @@ class StatsCollector:
         # Pass 2: forward noise -> curvature along Y. One noisy pass per draw, differenced against
         # the reference pass's G(0): at the same number of passes this is less noisy than
         # antithetic ±ε pairs, whose only gain (cancelling the zero-mean third-order term) is
-        # small next to the cross-layer terms (scripts/exp_curvature_estimator.py).
+        # small next to the cross-layer terms (experiments/exp_curvature_estimator.py).
         t0 = time.perf_counter()
-        harshest = self._harshest(sums)
+        harshest = harshest_format(self.cfg.formats, sums)
         for k in keys:
             sums[k]["noise_sigma"] = forward_noise_sigma(sums[k], harshest)
         for tokens, g_ref in zip(probe_batches, reference_g):
             for _ in range(self.cfg.noise_draws):
                 noise = {k: torch.randn(g_ref[k].shape, generator=gen, device=host.device) * sums[k]["noise_sigma"]
                          for k in keys}
-                records = {k: _Record(noise=noise[k]) for k in keys}
-                # Only G = dL/dY is needed here: frozen linear weights skip their wgrad GEMMs.
-                with self._probes(linears, "noise", records, gen), _frozen_weights(linears):
-                    host.forward_backward([tokens])
-                optimizer.zero_grad(set_to_none=True)
+                g_noisy = self.noisy_output_grads(host, tokens, noise)
                 for k in keys:
                     eps = _flat(noise[k])
-                    sums[k]["curv_num"] += float((eps * (_flat(records[k].g) - _flat(g_ref[k]))).sum())
+                    sums[k]["curv_num"] += float((eps * (g_noisy[k] - _flat(g_ref[k]))).sum())
                     sums[k]["curv_den"] += float(eps.pow(2).sum())
         timings["forward_noise_pass_s"] = time.perf_counter() - t0
 
@@ -295,9 +291,20 @@ class StatsCollector:
             if first_batch:  # W is the same for every probe batch
                 pf["sq_qerr_w"] = operand_error(lin, x, w, f, "w", **q)
 
-    def _harshest(self, sums: dict[str, dict[str, Any]]) -> str:
-        """The candidate format with the largest total forward error (normalization and noise scale)."""
-        return max(self.cfg.formats, key=lambda f: sum(s["per_format"][f]["sq_ey"] for s in sums.values()))
+    def noisy_output_grads(self, host: ProbeHost, tokens: torch.Tensor,
+                           noise: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+        """One forward-noise pass (pass 2) on a (B, S+1) micro-batch: ``noise[k]`` (shaped like
+        linear ``k``'s output Y, B x S x N on this TP rank) is added to every linear's Y at once;
+        returns each linear's G = dL/dY as (T, N) fp32 (``noise=None``: the noise-free pass).
+        Only G is needed: linear weights are frozen (their wgrad GEMMs skipped) and the
+        gradients are discarded."""
+        linears = list(host.model.precision_linears())
+        keys = [key_of(lin) for lin in linears]
+        records = {k: _Record(noise=None if noise is None else noise[k]) for k in keys}
+        with self._probes(linears, "noise", records), _frozen_weights(linears):
+            host.forward_backward([tokens])
+        host.optimizer.zero_grad(set_to_none=True)
+        return {k: _flat(records[k].g) for k in keys}
 
     def _propagation_pass(self, host: ProbeHost, linears: list[PrecisionLinear], keys: list[str], tokens: torch.Tensor,
                           denominators: dict[int, torch.Tensor], sums: dict[str, dict[str, Any]],
@@ -446,6 +453,12 @@ def _add_adam_norms(optimizer: torch.optim.Optimizer, param: torch.Tensor, s: di
     if "exp_avg" in state:
         s["sq_m"] = float(state["exp_avg"].pow(2).sum())
         s["sq_v"] = float(state["exp_avg_sq"].pow(2).sum())
+
+
+def harshest_format(formats: tuple[str, ...], sums: Mapping[str, Mapping[str, Any]]) -> str:
+    """The candidate format with the largest total forward error over ``sums`` (pass 1's per-linear
+    sums): it sets the metrics' normalization and the noise passes' scale."""
+    return max(formats, key=lambda f: sum(s["per_format"][f]["sq_ey"] for s in sums.values()))
 
 
 @contextlib.contextmanager

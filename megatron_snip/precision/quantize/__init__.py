@@ -40,7 +40,7 @@ of the contiguous tensor), which reads memory contiguously and gives bitwise
 the same result as quantizing ``x.contiguous()``. The result comes back in the
 same layout, so it may be a non-contiguous (transposed) view.
 
-Speed (one CPU thread; ``scripts/bench_quant.py``): eager PyTorch runs each
+Speed (one CPU thread; ``python -m experiments.bench.step``): eager PyTorch runs each
 quantizer as 10-40 elementwise passes over memory (0.02-0.15 Gelem/s; the eager
 paths use in-place ops, float8 casts and a magic-number E2M1 rounding to keep
 passes and page-faulting temporaries down). ``compiled=True`` runs the same
