@@ -86,9 +86,9 @@ class Protocol:
                                  f"including an FP4 one, e.g. fp8,mxfp4")
         for p in self.policies:
             parse_policy(p)  # ValueError naming the spec forms
-            if p not in FORMAT_FREE_POLICIES and p not in FORMAT_POLICIES:
+            if not is_format_free(p) and p not in FORMAT_POLICIES:
                 raise ValueError(f"--policies entry {p!r} is not part of this comparison; choose from "
-                                 f"{list(FORMAT_FREE_POLICIES + FORMAT_POLICIES)}")
+                                 f"{list(FORMAT_FREE_POLICIES + FORMAT_POLICIES)} or another uniform:<format>")
         names = [corpus_name(p) for p in self.valid_corpora]
         if len(set(names)) != len(names) or "valid" in names:
             raise ValueError(f"--valid-corpus names {names} must be distinct and not 'valid' (each is logged as "
@@ -138,6 +138,12 @@ class RunSpec:
         return f"{slug}_{'-'.join(self.formats)}_rho{self.rho:g}_seed{self.seed}"
 
 
+def is_format_free(policy: str) -> bool:
+    """``bf16`` and every ``uniform:<format>`` (e.g. ``uniform:fp4_block``) run once per seed,
+    whatever the candidate format sets."""
+    return policy == "bf16" or policy.startswith("uniform:")
+
+
 def primary_runs(p: Protocol) -> list[RunSpec]:
     """The primary comparison: format-free policies once per seed, the others once per format set.
 
@@ -145,7 +151,7 @@ def primary_runs(p: Protocol) -> list[RunSpec]:
     """
     runs = []
     for seed in p.seeds:
-        runs += [RunSpec(seed, pol) for pol in FORMAT_FREE_POLICIES if pol in p.policies]
+        runs += [RunSpec(seed, pol) for pol in p.policies if is_format_free(pol)]
         runs += [RunSpec(seed, pol, fs, p.rho) for fs in p.format_sets for pol in FORMAT_POLICIES if pol in p.policies]
     return runs
 
