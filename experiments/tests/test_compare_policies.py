@@ -59,9 +59,9 @@ def test_policy_subset_and_single_format_set():
 def test_any_uniform_format_runs_once_per_seed():
     # The paper's FP4 and recipe variants as uniform policies (issue #14's regime map); others are refused.
     p = small_protocol(policies=("bf16", "uniform:fp4_block", "uniform:fp4_block-sr"), seeds=(1, 2))
-    assert [r.name for r in protocol.primary_runs(p)] == ["bf16_seed1", "uniform-fp4_block_seed1",
-                                                         "uniform-fp4_block-sr_seed1", "bf16_seed2",
-                                                         "uniform-fp4_block_seed2", "uniform-fp4_block-sr_seed2"]
+    assert [r.name for r in protocol.primary_runs(p)] == ["bf16_seed1", "uniform-fp4-block_seed1",
+                                                         "uniform-fp4-block-sr_seed1", "bf16_seed2",
+                                                         "uniform-fp4-block_seed2", "uniform-fp4-block-sr_seed2"]
     with pytest.raises(ValueError, match="not part of this comparison"):
         small_protocol(policies=("bf16_ends:1,1",))
 
