@@ -236,6 +236,8 @@ def check_gpu_type(backend: str, fmt: str, gpu: GpuSpec) -> Capability:
     if backend == "emulated":
         return Capability(True, "emulated (reference quantize-dequantize, BF16/FP32 GEMMs: runs anywhere, no speed-up)")
     if backend == "torch":  # every format runs; the FP8 ones as real scaled-mm GEMMs where the GPU has them
+        if fmt == "bf16":
+            return Capability(True, "bf16 GEMMs run unquantized")
         real = SCALED_MM_MIN_COMPUTE_CAPABILITY.get(fmt)
         return Capability(True, f"torch scaled-mm on {gpu.name}" if real and gpu.sm >= real
                           else "torch backend, emulated GEMM for this format (no scaled-mm path on this GPU)")

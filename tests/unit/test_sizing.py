@@ -19,6 +19,7 @@ LINEARS_PER_BLOCK = 8192 * (64 + 2 * 8) * 128 + 8192 * 8192 + 2 * 28672 * 8192 +
 NORMS_PER_BLOCK = 2 * 8192
 LLAMA2_70B_PARAMS = 68_976_648_192  # the published count (Touvron et al. 2023, HF config)
 TOKENS_PER_STEP = 1024 * 4096
+TE = ["precision.backend=te"]
 
 
 @pytest.fixture(autouse=True)
@@ -28,7 +29,8 @@ def _default_gpu(monkeypatch):
 
 @pytest.fixture(scope="module")
 def s70():
-    return sizing.estimate(load_config(CFG_70B), 64)
+    # With Transformer Engine: these tests check its support table (the shipped config runs "torch").
+    return sizing.estimate(load_config(CFG_70B, TE), 64)
 
 
 def test_70b_layout_and_parameter_count(s70):
@@ -108,7 +110,7 @@ def test_70b_snip_problem_and_gpu_support(s70):
     assert s70.support["fp8"][0] and s70.support["bf16"][0]
     ok, why = s70.support["nvfp4"]
     assert not ok and "Blackwell" in why and "emulated" in why
-    b200 = sizing.estimate(load_config(CFG_70B), 64, gpu="b200")
+    b200 = sizing.estimate(load_config(CFG_70B, TE), 64, gpu="b200")
     assert all(ok for ok, _ in b200.support.values())
 
 
@@ -125,7 +127,7 @@ def test_dry_run_cli_prints_report_without_process_group(capsys):
 
     from megatron_snip.train import main
 
-    assert main(["--config", CFG_70B, "--dry-run", "--world-size", "64"]) == 0
+    assert main(["--config", CFG_70B, "--dry-run", "--world-size", "64", "--set", TE[0]]) == 0
     out = capsys.readouterr().out
     for text in ("68,976,648,192", "TP 8 x PP 8 x DP 1", "10 blocks per stage", "640 Booleans", "329 constraints",
                  "nvfp4     NO"):
@@ -183,7 +185,7 @@ def test_formats_of_a_plan_file_are_checked_against_the_backend(tmp_path):
 
     plan_path = tmp_path / "plan.json"
     plan_path.write_text(PrecisionPlan.uniform("mxfp4", 80, {"qkv": 1, "proj": 1, "fc1": 1, "fc2": 1}).to_json())
-    s = sizing.estimate(load_config(CFG_70B, [f"precision.initial_plan={plan_path}", "snip.enabled=false"]), 64,
+    s = sizing.estimate(load_config(CFG_70B, [*TE, f"precision.initial_plan={plan_path}", "snip.enabled=false"]), 64,
                         gpu="b200")
     assert s.formats_used == ("bf16", "mxfp4")
     assert s.support["mxfp4"][0] is False and "no Transformer Engine recipe" in s.support["mxfp4"][1]
