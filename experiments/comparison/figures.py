@@ -25,7 +25,7 @@ def plot_curves(results: Sequence[dict], p: Protocol, formats: tuple[str, ...], 
     training loss (50-step moving average). Top row: mean over seeds. Bottom row: the paired
     difference to the BF16 run of the same seed, mean over seeds (where the policies differ;
     the top row's curves mostly overlap). Format-free policies appear in every figure (of the
-    uniform FP4 ones only this set's format)."""
+    uniform FP4 ones this set's format, and those whose format is in no candidate set)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -34,7 +34,8 @@ def plot_curves(results: Sequence[dict], p: Protocol, formats: tuple[str, ...], 
     def member(r: dict) -> bool:
         if r.get("formats") is None:
             fmt = r["policy"].split(":", 1)[1] if r["policy"].startswith("uniform:") else None
-            return fmt is None or fmt not in FP4_FORMATS or fmt in formats
+            return (fmt is None or fmt not in FP4_FORMATS or fmt in formats
+                    or not any(fmt in fs for fs in p.format_sets))
         return tuple(r["formats"]) == formats and r.get("rho") == p.rho
 
     chosen = [r for r in results if member(r) and Path(r["run_dir"], "metrics.jsonl").is_file()]
