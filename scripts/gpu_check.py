@@ -117,7 +117,7 @@ def check_scaled_mm(device) -> None:
         pairs = " ".join(f"{a.value[0]}x{b.value[0]}={'real' if ok else 'emulated'}"
                          for (a, b), (ok, _) in zip(OPERAND_PAIRS, verdicts))
         reasons = sorted({r for ok, r in verdicts if not ok})
-        line(f"scaled_mm", f"{fmt}: {pairs}" + (f" ({'; '.join(reasons)[:160]})" if reasons else ""))
+        line("scaled_mm", f"{fmt}: {pairs}" + (f" ({'; '.join(reasons)[:160]})" if reasons else ""))
 
 
 @guarded

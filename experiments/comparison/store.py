@@ -82,10 +82,6 @@ def current_results(p: Protocol, records: Iterable[dict]) -> list[dict]:
     return [rec for name, rec in latest.items() if name in specs and is_done(specs[name], p, latest)]
 
 
-def fmt_key(formats) -> tuple[str, ...] | None:
-    return None if formats is None else tuple(formats)
-
-
 def best_static_baseline(results: Iterable[dict], formats: tuple[str, ...], rho: float,
                          metric: str = TRAIN_DOMAIN) -> str | None:
     """The static baseline with the lowest mean final ``metric`` over seeds at (formats, rho).

@@ -13,7 +13,7 @@ import struct
 
 import torch
 
-from megatron_snip.precision.formats import E2M1, E4M3, E5M2, Element, Format, Operand, Scaling, get_format
+from megatron_snip.precision.formats import E2M1, E4M3, E5M2, Element, Format, Operand, Scaling
 from megatron_snip.precision.quantize.bits import _F32_MAX, _exp2i, _f32_bits, _floor_log2, _mantissa_bits, _rdiv
 from megatron_snip.precision.quantize.hadamard import _rht_physical
 from megatron_snip.precision.quantize.noise import _noise_physical
