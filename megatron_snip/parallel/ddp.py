@@ -34,6 +34,31 @@ from megatron_snip.parallel import comm
 from megatron_snip.parallel.topology import ParallelTopology
 
 
+def counted_once(tensor_parallel: bool, topo: ParallelTopology) -> bool:
+    """Whether this rank counts a tensor in a whole-model sum (norm, parameter count): a TP-sharded
+    tensor on every TP rank (each holds a different shard), a replicated one on TP rank 0 only."""
+    return tensor_parallel or topo.tp_rank == 0
+
+
+def global_norm(tensors: list[torch.Tensor], device: torch.device, *groups: object) -> torch.Tensor:
+    """sqrt(Σ ‖t‖²) over ``tensors`` (an fp32 scalar on ``device``), the sum taken over each of
+    ``groups`` in turn: the whole model's norm when every element is counted on one rank only."""
+    sq = torch.zeros((), dtype=torch.float32, device=device)
+    if tensors:
+        sq = torch.stack([n.float() for n in torch._foreach_norm(tensors, 2.0)]).pow(2).sum()
+    for group in groups:
+        comm.all_reduce_sum(sq, group)
+    return sq.sqrt()
+
+
+def clip_by_norm_(grads: list[torch.Tensor], norm: torch.Tensor, max_norm: float) -> None:
+    """Scale ``grads`` in place so that ``norm`` becomes <= ``max_norm`` (torch.nn.utils.clip_grad_norm_'s
+    rule: coef = max_norm / (norm + 1e-6), capped at 1; a non-finite norm makes every grad non-finite)."""
+    coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    if grads:
+        torch._foreach_mul_(grads, coef.to(grads[0].device))
+
+
 def _bucketed_all_reduce(grads: list[torch.Tensor], group: object, bucket_bytes: int, *, average: bool) -> None:
     """Sum (or average) ``grads`` in place over ``group``, a few flat buckets per dtype at a time."""
     n = comm.group_size(group)
@@ -92,29 +117,21 @@ class GradReducer:
     def global_norm(self) -> torch.Tensor:
         """L2 norm of the whole model's gradient (fp32 scalar, the same on every rank of a replica)."""
         counted = [p.grad for p in self.params
-                   if p.grad is not None and (getattr(p, "tensor_parallel", False) or self.topo.tp_rank == 0)]
+                   if p.grad is not None and counted_once(getattr(p, "tensor_parallel", False), self.topo)]
         device = self.params[0].device if self.params else torch.device("cpu")
-        sq = torch.zeros((), dtype=torch.float32, device=device)
-        if counted:
-            norms = torch._foreach_norm(counted, 2.0)
-            sq = torch.stack([n.float() for n in norms]).pow(2).sum()
-        return comm.all_reduce_sum(sq, self.topo.mp_group).sqrt()
+        return global_norm(counted, device, self.topo.mp_group)
 
     def clip_(self, max_norm: float) -> torch.Tensor:
         """Scale grads so the global norm is <= ``max_norm`` (inf = no clipping); returns the norm before.
 
-        Same rule as ``torch.nn.utils.clip_grad_norm_``: coef = max_norm / (norm + 1e-6), capped at 1.
         A non-finite norm makes every grad non-finite, which the trainer's guard then skips."""
         norm = self.global_norm()
-        grads = [p.grad for p in self.params if p.grad is not None]
-        coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
-        if grads:
-            torch._foreach_mul_(grads, coef.to(grads[0].device))
+        clip_by_norm_([p.grad for p in self.params if p.grad is not None], norm, max_norm)
         return norm
 
     def global_numel(self) -> int:
         """Parameters of the whole model (each replicated tensor counted once)."""
-        n = sum(p.numel() for p in self.params if getattr(p, "tensor_parallel", False) or self.topo.tp_rank == 0)
+        n = sum(p.numel() for p in self.params if counted_once(getattr(p, "tensor_parallel", False), self.topo))
         device = self.params[0].device if self.params else torch.device("cpu")  # NCCL needs device tensors
         return int(comm.all_reduce_sum(torch.tensor(float(n), dtype=torch.float64, device=device),
                                        self.topo.mp_group).item())
@@ -214,21 +231,14 @@ class ShardedGradReducer(GradReducer):
         """L2 norm of the whole model's gradient from the shards: summed over DP (each rank holds a
         different shard) and over TP x PP (replicated params counted on TP rank 0 only)."""
         counted = [g for b, g in zip(self.buckets, self.grad_shards)
-                   if g is not None and (b.tensor_parallel or self.topo.tp_rank == 0)]
+                   if g is not None and counted_once(b.tensor_parallel, self.topo)]
         device = self.params[0].device if self.params else torch.device("cpu")
-        sq = torch.zeros((), dtype=torch.float32, device=device)
-        if counted:
-            sq = torch.stack([n.float() for n in torch._foreach_norm(counted, 2.0)]).pow(2).sum()
-        comm.all_reduce_sum(sq, self.topo.dp_group)
-        return comm.all_reduce_sum(sq, self.topo.mp_group).sqrt()
+        return global_norm(counted, device, self.topo.dp_group, self.topo.mp_group)
 
     def clip_(self, max_norm: float) -> torch.Tensor:
         """Scale the grad shards so the global norm is <= ``max_norm``; rule as ``GradReducer.clip_``."""
         norm = self.global_norm()
-        grads = [g for g in self.grad_shards if g is not None]
-        coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
-        if grads:
-            torch._foreach_mul_(grads, coef.to(grads[0].device))
+        clip_by_norm_([g for g in self.grad_shards if g is not None], norm, max_norm)
         return norm
 
     def param_shard(self, i: int) -> torch.Tensor:

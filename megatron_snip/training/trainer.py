@@ -41,7 +41,7 @@ from megatron_snip.data.pipeline import DataBundle, build_data
 from megatron_snip.model.llama import LlamaModel
 from megatron_snip.model.shapes import linear_numel, model_linear_shapes
 from megatron_snip.parallel import comm
-from megatron_snip.parallel.ddp import GradReducer
+from megatron_snip.parallel.ddp import GradReducer, counted_once, global_norm
 from megatron_snip.parallel.distributed_optimizer import DistributedOptimizer
 from megatron_snip.parallel.pipeline import schedule_for
 from megatron_snip.parallel.topology import ParallelTopology
@@ -417,11 +417,8 @@ class Trainer:
 
     def param_norm(self) -> float:
         """L2 norm of the whole model's parameters (replicated tensors counted once; the same on every rank)."""
-        params = [p for p in self.model.parameters() if getattr(p, "tensor_parallel", False) or self.topo.tp_rank == 0]
-        sq = torch.zeros((), dtype=torch.float32, device=self.device)
-        if params:
-            sq = torch.stack([n.float() for n in torch._foreach_norm([p.detach() for p in params], 2.0)]).pow(2).sum()
-        return float(comm.all_reduce_sum(sq, self.topo.mp_group).sqrt())
+        params = [p.detach() for p in self.model.parameters() if counted_once(getattr(p, "tensor_parallel", False), self.topo)]
+        return float(global_norm(params, self.device, self.topo.mp_group))
 
     def _check_update(self, step: int) -> None:
         """Post-step guard: a finite loss and grad norm can still give a ruinous update (a huge LR,
