@@ -59,6 +59,7 @@ from experiments.comparison.protocol import (
     DEFAULT_VALID_CORPORA,
     REPO,
     Protocol,
+    base_run,
     config_path,
     primary_runs,
     sweep_runs,
@@ -83,6 +84,16 @@ def _format_sets(text: str) -> tuple[tuple[str, ...], ...]:
     return tuple(tuple(f.strip() for f in part.split(",") if f.strip()) for part in text.split(";") if part.strip())
 
 
+def _format_sets_with_rhos(text: str) -> tuple[tuple[tuple[str, ...], ...], tuple[tuple[float, ...] | None, ...]]:
+    """``'fp8_block,fp4_block@0.75,0.8;fp8,nvfp4'`` -> the format sets and, per set, its rhos (None: --rho)."""
+    sets, rhos = [], []
+    for part in (x for x in text.split(";") if x.strip()):
+        formats, sep, rho_text = part.partition("@")
+        sets += _format_sets(formats)
+        rhos.append(_floats(rho_text) if sep else None)
+    return tuple(sets), tuple(rhos)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     d = Protocol()
@@ -94,9 +105,17 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=int, default=d.warmup, help="step the policy is first applied (snip.warmup)")
     ap.add_argument("--interval", type=int, default=d.interval, help="re-plan interval (snip.interval)")
     ap.add_argument("--seeds", type=_ints, default=d.seeds, help="comma-separated, e.g. 1,2,3")
-    ap.add_argument("--rho", type=float, default=d.rho, help="FP4 target of the primary comparison")
-    ap.add_argument("--format-sets", type=_format_sets, default=d.format_sets,
-                    help="candidate sets, ';'-separated (default 'fp8,nvfp4;fp8,mxfp4')")
+    ap.add_argument("--rho", type=float, default=d.rho,
+                    help="FP4 target of the primary comparison (the sweep's best static baseline and the figures "
+                         "are chosen at it; it must be one of the first format set's rhos)")
+    ap.add_argument("--format-sets", type=_format_sets_with_rhos, default=(d.format_sets, (None,) * len(d.format_sets)),
+                    help="candidate sets, ';'-separated, each optionally with the rhos every policy runs at after "
+                         "'@' (default 'fp8,nvfp4;fp8,mxfp4', both at --rho; e.g. "
+                         "'fp8_block,fp4_block@0.75,0.8;fp8,nvfp4@0.75,0.9')")
+    ap.add_argument("--base-steps", type=int, default=d.base_steps,
+                    help="continued pretraining: per seed one BF16 base run of this many steps at constant LR, "
+                         "then every policy continues from its checkpoint (weights and AdamW moments) for --steps "
+                         "steps with the LR decaying from its peak; 0 (default): every run from scratch")
     ap.add_argument("--sweep-rhos", type=_floats, default=d.sweep_rhos)
     ap.add_argument("--sweep-format-sets", type=_format_sets, default=d.sweep_format_sets,
                     help="format sets of the rho sweep (default the harsher 'fp8,mxfp4')")
@@ -113,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--eval-batches", type=int, default=d.eval_batches)
     ap.add_argument("--out-dir", default="runs/compare")
     ap.add_argument("--report", default="docs/results.md")
+    ap.add_argument("--appendix", default=None, metavar="MD",
+                    help="an earlier report in the --report folder, included at the end of this one (e.g. "
+                         "docs/results_from_scratch.md)")
     ap.add_argument("--jobs", type=int, default=2, help="training processes at once")
     ap.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each training process")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds before one run is killed")
@@ -163,8 +185,11 @@ def missing_corpora(p: Protocol) -> list[str]:
 
 def protocol_from_args(args: argparse.Namespace) -> Protocol:
     valid = valid_corpora(args.valid_corpora)
+    format_sets, set_rhos = args.format_sets
+    format_rhos = () if all(r is None for r in set_rhos) else tuple(r or (args.rho,) for r in set_rhos)
     return Protocol(config=args.config, steps=args.steps, warmup=args.warmup, interval=args.interval,
-                    seeds=args.seeds, rho=args.rho, format_sets=args.format_sets,
+                    seeds=args.seeds, rho=args.rho, format_sets=format_sets, format_rhos=format_rhos,
+                    base_steps=args.base_steps,
                     sweep_rhos=() if args.no_sweep else args.sweep_rhos,
                     sweep_format_sets=() if args.no_sweep else args.sweep_format_sets, policies=args.policies,
                     train_corpus=args.train_corpus, valid_corpora=valid,
@@ -186,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             p = protocol_from_args(args)
         load_config(config_path(p), list(p.overrides)).validate()  # a bad --set fails here, not in 60 subprocesses
+        if args.appendix and (not Path(args.appendix).is_file()
+                              or Path(args.appendix).resolve().parent != Path(args.report).resolve().parent):
+            raise ValueError(f"--appendix={args.appendix!r} must be an existing report in the folder of "
+                             f"--report={args.report!r} (its figure links are relative to that folder)")
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -199,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         cost = CostModel(args.step_time)
         if args.overheads:
             cost = CostModel.from_overheads(Path(args.overheads), args.step_time)
-        print(dry_list(primary + sweep, p, cost, args.jobs, latest_records(records)))
+        bases = [base_run(seed) for seed in p.seeds] if p.continued else []
+        print(dry_list(bases + primary + sweep, p, cost, args.jobs, latest_records(records)))
         if any(b is None for b in best.values()):
             print("(sweep baseline shown as bf16_ends until the primary runs pick the best static baseline)")
         for path in missing_corpora(p):
@@ -214,16 +244,21 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "protocol.json").write_text(json.dumps({"command": command, **p.to_json_dict()}, indent=1))
-        run_all(primary, p, out_dir, jobs=args.jobs, threads=args.threads, timeout_s=args.timeout,
-                keep_checkpoints=args.keep_checkpoints)
-        records = read_results(results_path)
+        kw = dict(jobs=args.jobs, threads=args.threads, timeout_s=args.timeout, keep_checkpoints=args.keep_checkpoints)
+        # In order of importance, so that what a cut leaves undone matters least: the first format
+        # set (with the format-free policies), the sweep, then the other format sets.
+        first = [r for r in primary if r.formats in (None, p.format_sets[0])]
+        run_all(first, p, out_dir, **kw)
         if p.sweep_rhos:
-            best = {fs: best_static_baseline(current_results(p, records), fs, p.rho) for fs in p.sweep_format_sets}
+            best = {fs: best_static_baseline(current_results(p, read_results(results_path)), fs, p.rho)
+                    for fs in p.sweep_format_sets}
             print(f"best static baseline (training-domain val_loss, rho={p.rho:g}): {best}")
-            run_all(sweep_runs(p, best), p, out_dir, jobs=args.jobs, threads=args.threads, timeout_s=args.timeout,
-                    keep_checkpoints=args.keep_checkpoints)
-            records = read_results(results_path)
-    report = write_report(current_results(p, records), p, Path(args.report), command=command, all_records=records)
+            run_all(sweep_runs(p, best), p, out_dir, **kw)
+        run_all([r for r in primary if r not in first], p, out_dir, **kw)
+        records = read_results(results_path)
+    appendix = Path(args.appendix) if args.appendix else None
+    report = write_report(current_results(p, records), p, Path(args.report), command=command, all_records=records,
+                          appendix=appendix)
     print(f"wrote {report}")
     return 0
 

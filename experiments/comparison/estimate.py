@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from experiments.comparison.protocol import Protocol, RunSpec
+from experiments.comparison.protocol import BASE_POLICY, Protocol, RunSpec
 from experiments.comparison.store import is_done
 from megatron_snip.precision.formats import FP4_FORMATS
 
@@ -29,6 +29,9 @@ class CostModel:
     eval_step_fraction: float = 0.33  # one eval micro-batch forward, in training steps
 
     def run_s(self, spec: RunSpec, p: Protocol) -> float:
+        if spec.policy == BASE_POLICY:
+            evals = (p.base_steps // p.eval_interval + 1) * p.eval_batches * len(p.domains)
+            return self.startup_s + (p.base_steps + evals * self.eval_step_fraction) * self.step_s
         if spec.policy == "bf16":
             shares = {"bf16": 1.0}
         elif spec.policy.startswith("uniform:"):

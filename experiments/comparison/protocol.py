@@ -41,8 +41,14 @@ DRIVER_KEYS = frozenset({
     "training.seed", "training.run_dir", "training.max_steps", "training.resume", "training.progress",
     "training.log_interval", "training.eval_interval", "training.eval_batches", "precision.initial_plan",
     "snip.enabled", "snip.policy", "snip.fp4_target", "snip.formats", "snip.warmup", "snip.interval", "snip.seed",
-    "data.train_path", "data.valid_paths",
+    "data.train_path", "data.valid_paths", "training.init_from", "training.init_optimizer",
 })
+# The continued-pretraining protocol (``base_steps > 0``) sets these too: the base run holds the LR
+# at its peak after the config's warmup (an intermediate checkpoint of a longer schedule, as the
+# SNIP paper continues TinyLlama's 50k-step one), and every continuation decays it from there with
+# training.warmup_steps=0.
+CONTINUE_KEYS = frozenset({"training.lr_schedule"})
+BASE_POLICY = "base"  # RunSpec.policy of a continued-pretraining base run (BF16, SNIP off)
 
 
 @dataclass(frozen=True)
@@ -54,8 +60,14 @@ class Protocol:
     warmup: int = 50
     interval: int = 100
     seeds: tuple[int, ...] = (1, 2, 3)
-    rho: float = 0.75
+    rho: float = 0.75  # the primary rho: the sweep's best static baseline and the figures are chosen at it
     format_sets: tuple[tuple[str, ...], ...] = DEFAULT_FORMAT_SETS
+    # Per format set, the rhos every policy runs at; () = (rho,) for every set.
+    format_rhos: tuple[tuple[float, ...], ...] = ()
+    # > 0: continued pretraining. Per seed one BF16 base run of base_steps steps at constant LR
+    # (group "base", kept checkpoint); every other run starts from its weights and AdamW moments
+    # (training.init_from / init_optimizer) and trains ``steps`` more. 0: every run from scratch.
+    base_steps: int = 0
     sweep_rhos: tuple[float, ...] = (0.5, 0.75, 0.9)
     sweep_format_sets: tuple[tuple[str, ...], ...] = (("fp8", "mxfp4"),)
     policies: tuple[str, ...] = FORMAT_FREE_POLICIES + FORMAT_POLICIES
@@ -74,11 +86,20 @@ class Protocol:
             raise ValueError(f"--interval={self.interval} must be > 0")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"--seeds={list(self.seeds)} must be distinct integers, e.g. 1,2,3")
-        for name, r in [("--rho", self.rho), *(("--sweep-rhos", r) for r in self.sweep_rhos)]:
+        for name, r in [("--rho", self.rho), *(("--sweep-rhos", r) for r in self.sweep_rhos),
+                        *(("--format-sets ...@", r) for rs in self.format_rhos for r in rs)]:
             if not 0.0 < r <= 1.0:
                 raise ValueError(f"{name}={r} must be in (0, 1] (a share of linear-layer FLOPs in FP4)")
         if not self.format_sets:
             raise ValueError("--format-sets is empty; give at least one candidate set, e.g. 'fp8,mxfp4'")
+        if self.format_rhos and len(self.format_rhos) != len(self.format_sets):
+            raise ValueError(f"{len(self.format_rhos)} rho lists for {len(self.format_sets)} format sets; give one "
+                             f"per set (e.g. 'fp8_block,fp4_block@0.75,0.8;fp8,nvfp4@0.75,0.9') or none")
+        if self.rho not in self.rhos_of(self.format_sets[0]):
+            raise ValueError(f"--rho={self.rho} must be one of the first format set's rhos "
+                             f"{list(self.rhos_of(self.format_sets[0]))}")
+        if self.base_steps < 0:
+            raise ValueError(f"--base-steps={self.base_steps} must be >= 0 (0 = every run from scratch)")
         for fs in self.format_sets + self.sweep_format_sets:
             bad = [f for f in fs if f not in FORMATS]
             if bad or not any(f in FP4_FORMATS for f in fs) or len(set(fs)) != len(fs):
@@ -100,6 +121,19 @@ class Protocol:
             if f"{section}.{key}" in DRIVER_KEYS:
                 raise ValueError(f"--set {ov!r}: {section}.{key} is set by the driver per run; use its own option "
                                  f"(--steps, --warmup, --interval, --seeds, --rho, --train-corpus, ...)")
+            if self.base_steps and f"{section}.{key}" in CONTINUE_KEYS:
+                raise ValueError(f"--set {ov!r}: with --base-steps the driver sets {section}.{key} (constant LR in "
+                                 f"the base run); drop it")
+
+    def rhos_of(self, formats: tuple[str, ...]) -> tuple[float, ...]:
+        """The FP4 targets every policy runs at for one candidate format set."""
+        if not self.format_rhos:
+            return (self.rho,)
+        return self.format_rhos[self.format_sets.index(formats)]
+
+    @property
+    def continued(self) -> bool:
+        return self.base_steps > 0
 
     @property
     def domains(self) -> tuple[str, ...]:
@@ -131,7 +165,7 @@ class RunSpec:
 
     @property
     def name(self) -> str:
-        """Run directory name, e.g. ``snip_fp8-mxfp4_rho0.75_seed1`` or ``uniform-nvfp4_seed2``."""
+        """Run directory name, e.g. ``snip_fp8-mxfp4_rho0.75_seed1``, ``uniform-nvfp4_seed2`` or ``base_seed1``."""
         slug = re.sub(r"[^A-Za-z0-9.]+", "-", self.policy)
         if self.formats is None:
             return f"{slug}_seed{self.seed}"
@@ -144,15 +178,26 @@ def is_format_free(policy: str) -> bool:
     return policy == "bf16" or policy.startswith("uniform:")
 
 
-def primary_runs(p: Protocol) -> list[RunSpec]:
-    """The primary comparison: format-free policies once per seed, the others once per format set.
+def base_run(seed: int) -> RunSpec:
+    """The continued-pretraining base run of one seed (``Protocol.base_steps`` > 0)."""
+    return RunSpec(seed, BASE_POLICY, group="base")
 
-    Ordered seed-major, so an interrupted sweep leaves whole seeds (paired comparisons) done.
+
+def primary_runs(p: Protocol) -> list[RunSpec]:
+    """The primary comparison: format-free policies once per seed, the others once per format set
+    and rho of that set.
+
+    Ordered format set first, then seed-major within it, so an interrupted run leaves the first
+    (most important) candidate set done for whole seeds (paired comparisons); format-free
+    policies come with the first set.
     """
     runs = []
-    for seed in p.seeds:
-        runs += [RunSpec(seed, pol) for pol in p.policies if is_format_free(pol)]
-        runs += [RunSpec(seed, pol, fs, p.rho) for fs in p.format_sets for pol in FORMAT_POLICIES if pol in p.policies]
+    for i, fs in enumerate(p.format_sets):
+        for seed in p.seeds:
+            if i == 0:
+                runs += [RunSpec(seed, pol) for pol in p.policies if is_format_free(pol)]
+            runs += [RunSpec(seed, pol, fs, rho) for rho in p.rhos_of(fs) for pol in FORMAT_POLICIES
+                     if pol in p.policies]
     return runs
 
 
@@ -175,7 +220,23 @@ def sweep_runs(p: Protocol, best_static: Mapping[tuple[str, ...], str | None]) -
 
 
 def run_overrides(spec: RunSpec, p: Protocol, run_dir: Path) -> list[str]:
-    """The ``--set`` list of one run: the user's overrides, then the driver's (which win)."""
+    """The ``--set`` list of one run: the user's overrides, then the driver's (which win).
+
+    In the continued protocol a run starts from ``run_dir.parent / base_run(seed).name``.
+    """
+    valid = "[" + ", ".join(json.dumps(v) for v in p.valid_corpora) + "]"
+    common = [*p.overrides, f"training.seed={spec.seed}", f"training.run_dir={json.dumps(str(run_dir))}",
+              "training.resume=false", "training.progress=false", "training.log_interval=1",
+              f"training.eval_interval={p.eval_interval}", f"training.eval_batches={p.eval_batches}",
+              "precision.initial_plan=bf16", f"data.train_path={json.dumps(p.train_corpus)}",
+              f"data.valid_paths={valid}"]
+    if spec.policy == BASE_POLICY:
+        return [*common, f"training.max_steps={p.base_steps}", 'training.lr_schedule="constant"',
+                "snip.enabled=false"]
+    if p.continued:
+        base = run_dir.parent / base_run(spec.seed).name
+        common += [f"training.init_from={json.dumps(str(base))}", "training.init_optimizer=true",
+                   "training.warmup_steps=0"]
     if spec.formats is not None:
         formats, rho = spec.formats, spec.rho
     else:
@@ -184,15 +245,9 @@ def run_overrides(spec: RunSpec, p: Protocol, run_dir: Path) -> list[str]:
         fmt = spec.policy.split(":", 1)[1] if spec.policy.startswith("uniform:") else None
         formats = ("fp8", fmt) if fmt in FP4_FORMATS else p.format_sets[0]
         rho = p.rho
-    valid = "[" + ", ".join(json.dumps(v) for v in p.valid_corpora) + "]"
-    return [*p.overrides,
-            f"training.max_steps={p.steps}", f"training.seed={spec.seed}", f"training.run_dir={json.dumps(str(run_dir))}",
-            "training.resume=false", "training.progress=false", "training.log_interval=1",
-            f"training.eval_interval={p.eval_interval}", f"training.eval_batches={p.eval_batches}",
-            "precision.initial_plan=bf16", "snip.enabled=true", f"snip.policy={json.dumps(spec.policy)}",
+    return [*common, f"training.max_steps={p.steps}", "snip.enabled=true", f"snip.policy={json.dumps(spec.policy)}",
             f"snip.fp4_target={rho}", "snip.formats=[" + ", ".join(json.dumps(f) for f in formats) + "]",
-            f"snip.warmup={p.warmup}", f"snip.interval={p.interval}", f"snip.seed={spec.seed}",
-            f"data.train_path={json.dumps(p.train_corpus)}", f"data.valid_paths={valid}"]
+            f"snip.warmup={p.warmup}", f"snip.interval={p.interval}", f"snip.seed={spec.seed}"]
 
 
 def config_path(p: Protocol) -> Path:

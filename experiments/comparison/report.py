@@ -16,7 +16,16 @@ import torch
 
 from experiments.comparison.aggregate import Row, aggregate, by_seed, group_order, paired, sample_std
 from experiments.comparison.figures import plot_curves
-from experiments.comparison.protocol import STATIC_BASELINES, TRAIN_DOMAIN, Protocol, config_path, fmt_key
+from experiments.comparison.protocol import (
+    BASE_POLICY,
+    FORMAT_POLICIES,
+    STATIC_BASELINES,
+    TRAIN_DOMAIN,
+    Protocol,
+    config_path,
+    fmt_key,
+    is_format_free,
+)
 from experiments.comparison.store import best_static_baseline, latest_records
 from megatron_snip.config import Config, load_config
 from megatron_snip.data.pipeline import load_tokenizer_for
@@ -93,6 +102,65 @@ def sweep_table(results: Sequence[dict], p: Protocol, domain: str, best: Mapping
     return lines
 
 
+def verdict(mean: float, se: float) -> str:
+    """SNIP minus a baseline (lower loss is better): "wins" when the paired mean is below -2 SE,
+    "loses" when above +2 SE, else "ties"; "—" without a standard error (fewer than 2 pairs)."""
+    if not (math.isfinite(mean) and math.isfinite(se)):
+        return "—"
+    return "wins" if mean < -2 * se else "loses" if mean > 2 * se else "ties"
+
+
+def snip_cells(results: Sequence[dict], p: Protocol) -> list[tuple[tuple[str, ...], float]]:
+    """The (format set, rho) cells SNIP ran in: primary and sweep, in report order."""
+    cells = [(fs, rho) for fs in p.format_sets for rho in p.rhos_of(fs)]
+    cells += [(fs, rho) for fs in p.sweep_format_sets for rho in p.sweep_rhos]
+    present = {(fmt_key(r.get("formats")), r.get("rho")) for r in results if r["policy"] == "snip"}
+    return sorted((c for c in dict.fromkeys(cells) if c in present),
+                  key=lambda c: (p.format_sets.index(c[0]) if c[0] in p.format_sets else len(p.format_sets), c[1]))
+
+
+def snip_versus_section(results: Sequence[dict], p: Protocol) -> list[str]:
+    """SNIP minus every other policy of the same (format set, rho) and every format-free policy,
+    paired by seed: mean ± standard error of the paired differences, and a verdict per domain."""
+    out = ["## SNIP against every policy, paired by seed", "",
+           ("Δ = SNIP's final loss minus the other policy's, on the same seed (negative: SNIP better); "
+            "mean ± standard error (sample std / √pairs) over the seeds both ran, (pairs). SNIP **wins** when "
+            "Δ < −2 SE, **loses** when Δ > +2 SE, and otherwise **ties**."), ""]
+    free = [pol for pol in dict.fromkeys(r["policy"] for r in results) if is_format_free(pol)]
+    for fs, rho in snip_cells(results, p):
+        others = free + [pol for pol in FORMAT_POLICIES if pol != "snip"]
+        rows, sentences = [], []
+        for domain in p.domains:
+            snip = by_seed(results, "snip", fs, rho, domain)
+            outcome: dict[str, list[str]] = {"wins": [], "ties": [], "loses": []}
+            for pol in others:
+                f, r = (None, None) if is_format_free(pol) else (fs, rho)
+                pm, ps, n = paired(snip, by_seed(results, pol, f, r, domain))
+                if n:
+                    v = verdict(pm, ps / math.sqrt(n) if n > 1 else float("nan"))
+                    rows.append((pol, domain, f"{_pm(pm, ps / math.sqrt(n) if n > 1 else float('nan'), signed=True)}"
+                                              f" ({n}) {v}"))
+                    if v in outcome:
+                        outcome[v].append(f"`{pol}`")
+            joined = {"wins": "wins against", "ties": "ties with", "loses": "loses to"}
+            said = [f"{joined[v]} {', '.join(pols)}" for v, pols in outcome.items() if pols]
+            if said:
+                sentences.append(f"- On {_domain_title(domain, p)}, SNIP " + "; ".join(said) + ".")
+        if not rows:
+            continue
+        pols = list(dict.fromkeys(r[0] for r in rows))
+        cell = {(pol, d): text for pol, d, text in rows}
+        out += [f"### `{','.join(fs)}`, rho = {rho:g} (SNIP's FP4 share {_num(_share(results, 'snip', fs, rho), '.3f')})", "",
+                "| SNIP − | FP4 share | " + " | ".join(f"`{d}`" for d in p.domains) + " |",
+                "|---|---|" + "---|" * len(p.domains)]
+        for pol in pols:
+            f, r = (None, None) if is_format_free(pol) else (fs, rho)
+            out.append(f"| {pol} | {_num(_share(results, pol, f, r), '.3f')} | "
+                       + " | ".join(cell.get((pol, d), "—") for d in p.domains) + " |")
+        out += ["", *sentences, ""]
+    return out
+
+
 def _domain_title(domain: str, p: Protocol) -> str:
     if domain == TRAIN_DOMAIN:
         return f"training domain: held-out documents of {p.train_corpus} (`val_loss`)"
@@ -144,18 +212,31 @@ def protocol_section(results: Sequence[dict], p: Protocol, all_records: Sequence
     t, m = cfg.training, cfg.model
     tokens = p.steps * t.global_batch_size * t.seq_len
     wall = sum(r.get("wall_s", 0.0) for r in results)
+    bases = [r for r in latest_records(all_records).values() if r.get("policy") == BASE_POLICY and r.get("status") == "ok"]
+    targets = "; ".join(f"`{','.join(fs)}` at rho = {', '.join(f'{r:g}' for r in p.rhos_of(fs))}" for fs in p.format_sets)
     out = [
         "## Protocol",
         "",
         (f"- Model: `{p.config}`{' with ' + ' '.join(f'`{o}`' for o in p.overrides) if p.overrides else ''}: "
          f"{m.num_layers} layers, d={m.hidden_size}, ffn {m.ffn_hidden_size}, {m.num_attention_heads} heads / "
          f"{m.num_kv_heads} KV, {_num(model_parameters(cfg) / 1e6, '.2f')}M parameters."),
+        *([(f"- **Continued pretraining.** Per seed one BF16 base run of {p.base_steps} steps "
+            f"({p.base_steps * t.global_batch_size * t.seq_len / 1e6:.2f}M tokens) at constant lr {t.lr:g} after "
+            f"{t.warmup_steps} warmup steps, SNIP off: an intermediate checkpoint of a longer schedule, as the SNIP "
+            f"paper continues TinyLlama's. Every run below starts from that seed's checkpoint - weights and AdamW "
+            f"moments (`training.init_from`, `training.init_optimizer=true`) - and trains {p.steps} more steps with "
+            f"the lr decaying ({t.lr_schedule}) from {t.lr:g} to {t.min_lr:g} without a new warmup.")]
+           if p.continued else []),
         (f"- Tokens: {p.steps} steps x {t.global_batch_size} sequences x {t.seq_len} tokens = {tokens / 1e6:.2f}M "
-         f"training tokens per run (byte-level tokenizer: `{cfg.data.tokenizer}`), lr {t.lr:g} ({t.lr_schedule})."),
+         f"training tokens per run{' after the base run' if p.continued else ''} (byte-level tokenizer: "
+         f"`{cfg.data.tokenizer}`), lr {t.lr:g} ({t.lr_schedule})."),
         (f"- Every run starts in BF16; the policy is applied at step {p.warmup} and re-planned every {p.interval} "
-         f"steps (static policies give the same plan each time). FP4 target rho = {p.rho:g} for every policy that "
-         f"takes one; candidate format sets: {', '.join('`' + ','.join(fs) + '`' for fs in p.format_sets)}. "
+         f"steps (static policies give the same plan each time). FP4 target (share of linear-layer FLOPs in FP4) "
+         f"for every policy that takes one, per candidate format set: {targets}. "
          f"`bf16` and `uniform:*` do not depend on the candidates and run once per seed."),
+        *([("- Fair baselines (`snip.fair_share=true`): the static rules are orders of protection, so every "
+            "policy runs the same FP4 share within one decision unit (the FP4 share column).")]
+          if cfg.snip.fair_share else []),
         (f"- Seeds {', '.join(map(str, p.seeds))} (`training.seed`: init, data order and which training "
          f"documents are held out for `val_loss`; `snip.seed` = the same seed)."),
         (f"- Validation: final loss over {p.eval_batches} x {t.micro_batch_size} windows of {t.seq_len} tokens per "
@@ -170,7 +251,8 @@ def protocol_section(results: Sequence[dict], p: Protocol, all_records: Sequence
          f"the other domains reported as the headline - at rho in {{{', '.join(f'{r:g}' for r in p.sweep_rhos)}}} "
          f"for {', '.join('`' + ','.join(fs) + '`' for fs in p.sweep_format_sets)}."
          if p.sweep_rhos and p.sweep_format_sets else "- Sweep: not run (--no-sweep)."),
-        f"- {len(results)} finished runs, {wall / 60:.0f} min of run wall time in all.",
+        (f"- {len(results)} finished runs, {wall / 60:.0f} min of run wall time in all"
+         + (f" (and {len(bases)} base runs, {sum(r.get('wall_s', 0.0) for r in bases) / 60:.0f} min)." if bases else ".")),
     ]
     failed = [r for r in latest_records(all_records).values() if r.get("status") != "ok"]
     if failed:
@@ -180,9 +262,11 @@ def protocol_section(results: Sequence[dict], p: Protocol, all_records: Sequence
 
 
 def primary_section(results: Sequence[dict], p: Protocol) -> list[str]:
-    """One results table per validation domain at the primary rho, other domains first."""
-    primary = [r for r in results if r.get("rho") in (None, p.rho)]
-    out = [f"## Primary comparison (rho = {p.rho:g})", ""]
+    """One results table per validation domain at the primary rhos of each format set, other domains first."""
+    primary = [r for r in results if r.get("rho") is None
+               or (fmt_key(r.get("formats")) in p.format_sets and r["rho"] in p.rhos_of(fmt_key(r["formats"])))]
+    rhos = sorted({r for fs in p.format_sets for r in p.rhos_of(fs)})
+    out = [f"## Primary comparison (rho = {', '.join(f'{r:g}' for r in rhos)})", ""]
     for domain in p.domains:
         rows = aggregate(primary, domain, p.format_sets)
         if rows:
@@ -215,21 +299,31 @@ def sweep_section(results: Sequence[dict], p: Protocol) -> list[str]:
 
 
 def precision_maps_section(results: Sequence[dict], p: Protocol, docs: Path, prefix: str) -> list[str]:
-    """The final precision map and timeline of one SNIP seed per format set, copied next to the report."""
-    out = ["## Final SNIP precision maps", ""]
+    """SNIP's precision maps at its first and last re-plan (``plans/step_N.png``) and its timeline,
+    for the first seed that has them, per format set at the primary rho; copied next to the report."""
+    out = ["## SNIP's precision maps: first and last re-plan", ""]
     for fs in p.format_sets:
+        rho = p.rho if p.rho in p.rhos_of(fs) else p.rhos_of(fs)[0]
         snip_runs = sorted((r for r in results if r["policy"] == "snip" and fmt_key(r.get("formats")) == fs
-                            and r.get("rho") == p.rho), key=lambda r: r["seed"])
+                            and r.get("rho") == rho), key=lambda r: r["seed"])
         for r in snip_runs:
-            for kind in ("precision_map", "timeline"):
-                src = Path(r["run_dir"]) / f"{kind}.png"
+            run_dir = Path(r["run_dir"])
+            maps = sorted(run_dir.glob("plans/step_*[0-9].png"))
+            maps = [m for m in maps if m.stem != "step_000000"]  # the initial (BF16) plan
+            if not maps:
+                continue
+            label = f"{','.join(fs)} rho {rho:g} seed {r['seed']}"
+            picks = [("first re-plan", maps[0]), ("last re-plan", maps[-1])] if len(maps) > 1 else [("re-plan", maps[0])]
+            picks.append(("timeline", run_dir / "timeline.png"))
+            for kind, src in picks:
                 if src.is_file():
-                    dst = docs / "figures" / f"{prefix}_snip_{kind}_{'-'.join(fs)}_seed{r['seed']}.png"
+                    slug = kind.replace(" ", "_").replace("-", "")
+                    dst = docs / "figures" / f"{prefix}_snip_{slug}_{'-'.join(fs)}_rho{rho:g}_seed{r['seed']}.png"
                     dst.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(src, dst)
-                    out += [f"![{kind} snip {','.join(fs)} seed {r['seed']}]({dst.relative_to(docs).as_posix()})", ""]
-            if (Path(r["run_dir"]) / "precision_map.png").is_file():
-                break  # one seed's map per format set
+                    step = f" (step {int(src.stem.split('_')[1])})" if src.stem.startswith("step_") else ""
+                    out += [f"![snip {kind}{step}, {label}]({dst.relative_to(docs).as_posix()})", ""]
+            break  # one seed per format set
     return out
 
 
@@ -262,15 +356,27 @@ def validation_section(docs: Path) -> list[str]:
     return out + [f"_Not run yet: `{VALIDATE_COMMAND}` writes the summary._", ""]
 
 
+def appendix_section(path: Path) -> list[str]:
+    """An earlier report in the same folder (``--appendix``), included whole below this one with its
+    headings one level down (its figure links are relative to that folder, so they stay valid)."""
+    body = path.read_text().strip().splitlines()
+    title = body[0].lstrip("# ").strip() if body and body[0].startswith("# ") else path.stem
+    lines = [("#" + line) if line.startswith("#") else line for line in body[1:]]
+    return [f"## Earlier: {title}", "", f"_Included from `{path.name}`, which keeps it as it was generated._", "",
+            *lines, ""]
+
+
 def write_report(results: Sequence[dict], p: Protocol, report: Path, *, command: str,
-                 all_records: Sequence[dict] = ()) -> Path:
-    """Write the markdown report (+ figures under ``<report dir>/figures/``) from ``results``."""
+                 all_records: Sequence[dict] = (), appendix: Path | None = None) -> Path:
+    """Write the markdown report (+ figures under ``<report dir>/figures/``) from ``results``;
+    ``appendix``: an earlier report included at the end (``appendix_section``)."""
     docs = report.parent
     prefix, discussion_name = report_files(report)
     out = ["# Results: precision policies compared", "",
            f"Generated by `{GENERATOR}`; do not edit by hand. Command:", "", "```bash", command, "```", ""]
     out += protocol_section(results, p, all_records)
     out += [""] + primary_section(results, p)
+    out += snip_versus_section(results, p)
     out += curves_section(results, p, docs, prefix)
     out += sweep_section(results, p)
     out += precision_maps_section(results, p, docs, prefix)
@@ -281,6 +387,8 @@ def write_report(results: Sequence[dict], p: Protocol, report: Path, *, command:
     discussion = docs / discussion_name
     out += ["## What this shows", ""]
     out += [discussion.read_text().strip() if discussion.is_file() else PLACEHOLDER.format(discussion_name), ""]
+    if appendix is not None:
+        out += appendix_section(appendix)
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text("\n".join(out))
     return report

@@ -17,7 +17,16 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.comparison.protocol import REPO, Protocol, RunSpec, config_path, resolved_config, run_overrides
+from experiments.comparison.protocol import (
+    BASE_POLICY,
+    REPO,
+    Protocol,
+    RunSpec,
+    base_run,
+    config_path,
+    resolved_config,
+    run_overrides,
+)
 from experiments.comparison.store import append_record, is_done, latest_records, read_results
 from megatron_snip.telemetry.run_reader import load_run
 
@@ -60,15 +69,18 @@ def train_command(p: Protocol, overrides: Sequence[str]) -> list[str]:
 
 def execute(spec: RunSpec, p: Protocol, out_dir: Path, *, threads: int, timeout_s: float,
             keep_checkpoints: bool = False) -> dict:
-    """Train ``spec`` in a fresh ``out_dir/<name>`` as a subprocess; returns its results record."""
+    """Train ``spec`` in a fresh ``out_dir/<name>`` as a subprocess; returns its results record.
+
+    A base run keeps its checkpoint: the continuations start from it."""
     run_dir = out_dir / spec.name
+    steps = p.base_steps if spec.policy == BASE_POLICY else p.steps
     if run_dir.exists():
         shutil.rmtree(run_dir)  # a partial or stale run: start over (the trainer would append to it)
     run_dir.mkdir(parents=True)
     cmd = train_command(p, run_overrides(spec, p, run_dir))
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "WANDB_MODE": "disabled"}
     rec = {"name": spec.name, "policy": spec.policy, "formats": None if spec.formats is None else list(spec.formats),
-           "rho": spec.rho, "seed": spec.seed, "group": spec.group, "steps": p.steps, "threads": threads,
+           "rho": spec.rho, "seed": spec.seed, "group": spec.group, "steps": steps, "threads": threads,
            "config": resolved_config(spec, p), "command": shlex.join(cmd), "run_dir": str(run_dir)}
     t0 = time.perf_counter()
     with open(run_dir / "train.log", "w") as log:
@@ -88,24 +100,50 @@ def execute(spec: RunSpec, p: Protocol, out_dir: Path, *, threads: int, timeout_
             rec.update(parse_run_dir(run_dir))
         except ValueError as e:  # a corrupt metrics.jsonl: the run counts as failed, the driver goes on
             status, rec["parse_error"] = "failed", str(e)
-    if status == "ok" and rec.get("last_step") != p.steps:
+    if status == "ok" and rec.get("last_step") != steps:
         status = "failed"  # exited 0 without reaching max_steps: not a result
     rec["status"] = status
     if status != "ok":
         rec["log_tail"] = (run_dir / "train.log").read_text(errors="replace")[-2000:]
-    if not keep_checkpoints:
+    if not keep_checkpoints and spec.policy != BASE_POLICY:
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # ~40 MB each for tiny; not needed here
     return rec
 
 
+def base_ready(seed: int, p: Protocol, out_dir: Path, latest: dict[str, dict]) -> bool:
+    """Is the base run of ``seed`` done under this protocol, with its checkpoint on this machine
+    (run directories are not kept from one machine to the next; a missing one is trained again)?"""
+    spec = base_run(seed)
+    return is_done(spec, p, latest) and (out_dir / spec.name / "checkpoints").is_dir()
+
+
 def run_all(specs: Sequence[RunSpec], p: Protocol, out_dir: Path, *, jobs: int, threads: int, timeout_s: float,
             keep_checkpoints: bool = False, log=print) -> list[dict]:
-    """Run every spec not already done (``jobs`` at a time); append each record as it finishes."""
+    """Run every spec not already done (``jobs`` at a time); append each record as it finishes.
+
+    In the continued protocol the base runs the remaining specs need are trained first."""
     results_path = out_dir / "results.jsonl"
     latest = latest_records(read_results(results_path))
     todo = [s for s in specs if not is_done(s, p, latest)]
     if len(todo) < len(specs):
         log(f"skipping {len(specs) - len(todo)} finished run(s)")
+    kw = dict(jobs=jobs, threads=threads, timeout_s=timeout_s, keep_checkpoints=keep_checkpoints, log=log)
+    done: list[dict] = []
+    if p.continued:
+        bases = [base_run(seed) for seed in dict.fromkeys(s.seed for s in todo)
+                 if not base_ready(seed, p, out_dir, latest)]
+        done = run_all_now(bases, p, out_dir, **kw)
+        failed = {r["seed"] for r in done if r["status"] != "ok"}
+        if failed:
+            log(f"base run(s) of seed(s) {sorted(failed)} failed; their continuations are not run")
+            todo = [s for s in todo if s.seed not in failed]
+    return done + run_all_now(todo, p, out_dir, **kw)
+
+
+def run_all_now(todo: Sequence[RunSpec], p: Protocol, out_dir: Path, *, jobs: int, threads: int, timeout_s: float,
+                keep_checkpoints: bool, log) -> list[dict]:
+    """Run ``todo`` (``jobs`` at a time), appending each record to ``results.jsonl`` as it finishes."""
+    results_path = out_dir / "results.jsonl"
     lock = threading.Lock()
     done: list[dict] = []
 
