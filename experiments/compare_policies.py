@@ -19,7 +19,15 @@ Protocol (every option below has a default; ``--dry-list`` prints the resolved p
   (``snip.enabled=true snip.policy=<spec>``; static policies give the same plan each time).
 * **Seeds** (``training.seed``: init and data order; ``snip.seed`` follows it, so ``random``
   draws a different plan per seed and the probes differ too).
-* **Sweep.** After the primary runs: ``snip`` and the best *static* baseline (``bf16_ends``,
+* **Continued pretraining** (``--base-steps N``, the SNIP paper's setting): per seed one BF16 base
+  run of N steps at constant LR (an intermediate checkpoint, kept in ``<out-dir>/base_seed<s>``);
+  every policy then starts from it (weights and AdamW moments: ``training.init_from``,
+  ``training.init_optimizer``) and trains ``--steps`` more with the LR decaying from its peak.
+  A base whose checkpoint is not on this machine is trained again (it is deterministic).
+* **Rhos per format set**: ``--format-sets 'fp8_block,fp4_block@0.75,0.8;fp8,nvfp4@0.75,0.9'``
+  runs every policy at each listed rho of its set. Runs go in order of importance: the first
+  format set (with the format-free policies), then the sweep, then the other sets.
+* **Sweep.** After the primary runs of the first format set: ``snip`` and the best *static* baseline (``bf16_ends``,
   ``layer_type`` or ``random`` with the lowest mean final ``val_loss`` on the *training-domain*
   held-out split, per format set) at each rho of ``--sweep-rhos`` (0.5, 0.75, 0.9), on
   ``--sweep-format-sets`` (default only the harsher ``fp8,mxfp4``, to fit the time).

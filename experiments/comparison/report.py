@@ -64,13 +64,13 @@ def _formats_label(fs) -> str:
 
 def results_table(rows: Sequence[Row]) -> list[str]:
     lines = [("| policy | formats | rho | FP4 share (final plan) | seeds | final loss mean ± std | gap to BF16 | "
-             "paired Δ vs BF16 (mean ± std, pairs) |"),
+             "paired Δ vs BF16 (mean ± SE, pairs) |"),
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ref = r.policy == "bf16" and r.formats is None
         lines.append(f"| {r.policy} | {_formats_label(r.formats)} | {_num(r.rho, 'g')} | {_num(r.fp4_share, '.3f')} | "
                      f"{r.n} | {_pm(r.mean, r.std)} | {'reference' if ref else _num(r.gap_pct, '+.2f') + '%'} | "
-                     f"{'reference' if ref else _pm(r.paired_mean, r.paired_std, signed=True) + f' ({r.n_pairs})'} |")
+                     f"{'reference' if ref else _pm(r.paired_mean, standard_error(r.paired_std, r.n_pairs), signed=True) + f' ({r.n_pairs})'} |")
     return lines
 
 
@@ -81,9 +81,9 @@ def _share(results: Sequence[dict], policy: str | None, formats, rho) -> float |
 
 
 def sweep_table(results: Sequence[dict], p: Protocol, domain: str, best: Mapping[tuple[str, ...], str | None]) -> list[str]:
-    """SNIP vs the best static baseline at each rho of the sweep (mean ± std over seeds, paired Δ)."""
+    """SNIP vs the best static baseline at each rho of the sweep (mean ± std over seeds, paired Δ ± SE)."""
     lines = [("| formats | rho | snip: FP4 share | snip: loss mean ± std | baseline | baseline: FP4 share | "
-             "baseline: loss mean ± std | paired Δ snip − baseline (mean ± std, pairs) |"),
+             "baseline: loss mean ± std | paired Δ snip − baseline (mean ± SE, pairs) |"),
              "|---|---|---|---|---|---|---|---|"]
     for fs in p.sweep_format_sets:
         base = best.get(fs)
@@ -98,8 +98,13 @@ def sweep_table(results: Sequence[dict], p: Protocol, domain: str, best: Mapping
             lines.append(f"| {_formats_label(fs)} | {rho:g} | {_num(_share(results, 'snip', fs, rho), '.3f')} | "
                          f"{_pm(s_mean, sample_std(list(s.values())))} | {base or '—'} | "
                          f"{_num(_share(results, base, fs, rho), '.3f')} | {_pm(b_mean, sample_std(list(b.values())))} | "
-                         f"{_pm(pm, ps, signed=True)} ({n}) |")
+                         f"{_pm(pm, standard_error(ps, n), signed=True)} ({n}) |")
     return lines
+
+
+def standard_error(std: float, n: int) -> float:
+    """Standard error of a mean of ``n`` values with sample std ``std`` (nan below 2)."""
+    return std / math.sqrt(n) if n > 1 else float("nan")
 
 
 def verdict(mean: float, se: float) -> str:
@@ -137,9 +142,8 @@ def snip_versus_section(results: Sequence[dict], p: Protocol) -> list[str]:
                 f, r = (None, None) if is_format_free(pol) else (fs, rho)
                 pm, ps, n = paired(snip, by_seed(results, pol, f, r, domain))
                 if n:
-                    v = verdict(pm, ps / math.sqrt(n) if n > 1 else float("nan"))
-                    rows.append((pol, domain, f"{_pm(pm, ps / math.sqrt(n) if n > 1 else float('nan'), signed=True)}"
-                                              f" ({n}) {v}"))
+                    v = verdict(pm, standard_error(ps, n))
+                    rows.append((pol, domain, f"{_pm(pm, standard_error(ps, n), signed=True)} ({n}) {v}"))
                     if v in outcome:
                         outcome[v].append(f"`{pol}`")
             joined = {"wins": "wins against", "ties": "ties with", "loses": "loses to"}
@@ -245,7 +249,8 @@ def protocol_section(results: Sequence[dict], p: Protocol, all_records: Sequence
          f"Training domain: "
          f"held-out documents of `{p.train_corpus}`."),
         ("- Statistics: mean ± sample std (ddof=1) over seeds; gap to BF16 = relative difference of the means; "
-         "paired Δ = mean and sample std over seeds of (run − BF16 run of the same seed)."),
+         "paired Δ = mean over seeds of (run − BF16 run of the same seed) ± its standard error (sample std / "
+         "√pairs)."),
         (f"- Sweep: `snip` against the best static baseline ({', '.join(STATIC_BASELINES)}), chosen per format set "
          f"by the lowest mean final `val_loss` on the **training-domain** held-out split at rho={p.rho:g} - not on "
          f"the other domains reported as the headline - at rho in {{{', '.join(f'{r:g}' for r in p.sweep_rhos)}}} "

@@ -383,12 +383,12 @@ def test_report_from_fake_results(tmp_path):
                                         command="python -m experiments.compare_policies X")
     text = report.read_text()
     assert "python -m experiments.compare_policies X" in text.split("## Protocol")[0]
-    # the snip row on the other domain: mean ± std, gap to BF16, paired difference (3 pairs)
+    # the snip row on the other domain: mean ± std, gap to BF16, paired difference ± SE (3 pairs)
     sm, ss = statistics.mean(SNIP.values()), statistics.stdev(SNIP.values())
     diffs = [SNIP[s] - BF16[s] for s in (1, 2, 3)]
     gap = 100 * (sm / statistics.mean(BF16.values()) - 1)
     row = f"| snip | fp8,mxfp4 | 0.75 | 0.760 | 3 | {sm:.4f} ± {ss:.4f} | {gap:+.2f}% | " \
-          f"{statistics.mean(diffs):+.4f} ± {statistics.stdev(diffs):.4f} (3) |"
+          f"{statistics.mean(diffs):+.4f} ± {statistics.stdev(diffs) / 3 ** 0.5:.4f} (3) |"  # ± SE
     other = text.split("### other domain: moby_dick")[1].split("###")[0]
     assert row in other
     # other domains come before the training domain (headline first)
@@ -397,7 +397,7 @@ def test_report_from_fake_results(tmp_path):
     assert "-> layer_type" in text
     sweep = text.split("## rho sweep")[1].split("### training domain")[0]
     d05 = [SNIP[s] - 0.01 - LAYER[s] for s in (1, 2)]
-    assert f"{statistics.mean(d05):+.4f} ± {statistics.stdev(d05):.4f} (2)" in sweep
+    assert f"{statistics.mean(d05):+.4f} ± {statistics.stdev(d05) / 2 ** 0.5:.4f} (2)" in sweep
     assert "PLACEHOLDER" in text.split("## What this shows")[1]
     # a hand-written discussion next to the report replaces the placeholder and survives regeneration
     (tmp_path / "docs" / report_writer.DISCUSSION_FILE).write_text("SNIP ties BF16 here because of X.\n")
