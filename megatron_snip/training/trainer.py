@@ -352,12 +352,13 @@ class Trainer:
 
     def _stage_forward(self, tokens: torch.Tensor, x: torch.Tensor | None) -> torch.Tensor:
         """This stage's part of one micro-batch (B, S+1): from the tokens on the first stage, else
-        from the received activation ``x``; the mean loss on the last stage, else the fp32 activation."""
+        from the received activation ``x``; the mean loss on the last stage, else the activation (in the
+        activation dtype: bf16 under autocast, as the residual stream runs, so it travels in half the bytes)."""
         with self._autocast():
             out = self.model(tokens[:, :-1] if self.topo.is_first_stage else x)
         if self.topo.is_last_stage:
             return self.model.loss(out, tokens[:, 1:])
-        return out.float()  # the residual stream is fp32; it travels as fp32
+        return out
 
     def _activation_shape(self, tokens: torch.Tensor) -> tuple[int, int, int]:
         """Shape of the hidden states passed between pipeline stages for a (B, S+1) micro-batch."""
@@ -375,7 +376,7 @@ class Trainer:
             return out / n if self.topo.is_last_stage else out
 
         return self.schedule(stage_step, n, self.topo, activation_shape=self._activation_shape(micro[0]),
-                             dtype=torch.float32, device=self.device, forward_only=forward_only)
+                             dtype=self.autocast_dtype or torch.float32, device=self.device, forward_only=forward_only)
 
     def forward_backward(self, micro: list[torch.Tensor]) -> torch.Tensor:
         """Accumulate gradients of the mean loss over ``micro`` (this rank's micro-batches,
