@@ -21,7 +21,7 @@ Accounting (stated so the numbers can be checked by hand):
   (``activation_bytes``; its docstring has the formula, tests/unit/test_activation_memory.py
   measures it with ``saved_tensors_hooks``): everything in the activation dtype (BF16 under
   autocast, fp32 without) - the residual stream, norm inputs and outputs, every linear's saved
-  input whatever its plan; under SP only the sequence shard (emulated backend); flash-style
+  input whatever its plan; under SP only the sequence shard (emulated and torch backends); flash-style
   attention (no s x s matrix). Under autocast each reference-path (all-BF16) linear also saves a
   BF16 copy of its weight per micro-batch in flight.
   Recompute: "selective" drops RoPE'd q, k, the copy of v and the logsumexp; "full" keeps only each
@@ -63,7 +63,7 @@ from megatron_snip.model.shapes import (
     model_linear_shapes,
     parameter_counts,
 )
-from megatron_snip.precision.capability import GPUS, GpuSpec, check_gpu_type
+from megatron_snip.precision.capability import GPUS, SEQUENCE_SHARD_BACKENDS, GpuSpec, check_gpu_type
 from megatron_snip.precision.formats import FORMATS, FP4_FORMATS
 from megatron_snip.precision.gemm_shapes import gemm_shape_error
 from megatron_snip.precision.plan import GEMMS, LINEARS, PrecisionPlan
@@ -333,7 +333,7 @@ def activation_bytes(cfg: Config) -> ActivationBytes:
       full recompute keeps only the block's input E*d.
 
     Tensor parallelism divides the head and ffn terms by tp; sequence parallelism divides the norm
-    terms and, on the emulated backend, the column-parallel linears' inputs too (each rank saves
+    terms and, on the emulated and torch backends, the column-parallel linears' inputs too (each rank saves
     its sequence shard and re-gathers it in backward: parallel/sequence_shard.py; TE: gathered).
     Under autocast each reference-path linear also saves a BF16 copy of its weight (per micro-batch).
     """
@@ -342,9 +342,9 @@ def activation_bytes(cfg: Config) -> ActivationBytes:
     d, f, hd, h, g = m.hidden_size, m.ffn_hidden_size, m.head_dim, m.num_attention_heads, m.num_kv_heads
     e = 4 if t.dtype == "float32" else 2
     seq_shard = tp if sp else 1
-    # Column-parallel inputs under SP: the emulated backend saves the local shard
+    # Column-parallel inputs under SP: the emulated and torch backends save the local shard
     # (parallel/sequence_shard.py), Transformer Engine's modules the gathered input.
-    input_shard = seq_shard if cfg.precision.backend == "emulated" else 1
+    input_shard = seq_shard if cfg.precision.backend in SEQUENCE_SHARD_BACKENDS else 1
     norms = 2 * e * d // seq_shard + 2 * e * d // input_shard
     qkv_width = (h + 2 * g) * hd
     core = e * qkv_width if t.recompute == "selective" else e * qkv_width + 4 * h
@@ -490,7 +490,8 @@ def dry_run_report(cfg: Config, world_size: int, gpu: str | None = None) -> str:
     add(f"  activations: {s.activation_bytes_per_token_layer:,} B per token per stored block per rank "
         f"+ {a.weight_copies_per_block / 2**20:,.1f} MiB of BF16 weight copies per block and micro-batch "
         f"(as the code saves them: {'BF16 autocast' if s.activation_element_bytes == 2 else 'fp32'} residual, "
-        f"norms and linear inputs, {'with' if s.sequence_parallel else 'without'} sequence parallelism, {recompute}; see sizing.py)")
+        f"norms and linear inputs, {'with' if s.sequence_parallel else 'without'} sequence parallelism, "
+        f"{recompute}; see sizing.py)")
     peak = s.peak_stage
     room = s.gpu.memory_gib - peak.total_bytes / GIB
     verdict = "fits" if room >= 0.1 * s.gpu.memory_gib else ("tight" if room >= 0 else "DOES NOT FIT")

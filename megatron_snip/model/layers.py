@@ -37,6 +37,7 @@ from megatron_snip.parallel import comm
 from megatron_snip.parallel.sequence_shard import save_sequence_shard
 from megatron_snip.parallel.topology import TensorParallel
 from megatron_snip.precision.backends import Backend, get_backend
+from megatron_snip.precision.capability import SEQUENCE_SHARD_BACKENDS
 from megatron_snip.precision.plan import GemmPrecision
 
 UNSHARDED = TensorParallel()
@@ -199,7 +200,7 @@ class ColumnParallelLinear(PrecisionLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (self.tp.sequence_parallel and self.save_input_shard and self.probe is None
-                and self.backend.name == "emulated" and torch.is_grad_enabled()):
+                and self.backend.name in SEQUENCE_SHARD_BACKENDS and torch.is_grad_enabled()):
             return super().forward(x)
         x_full = self._input_comm(x)
         with save_sequence_shard(x_full, x, self.tp.group):

@@ -45,6 +45,11 @@ __all__ = [
 ]
 
 BACKENDS: tuple[str, ...] = ("emulated", "torch", "te")
+# Backends whose linears are ``gemm.quant_linear`` (or F.linear): what they save for backward is the
+# input tensor itself, so under sequence parallelism the column-parallel linears can keep its
+# sequence shard instead (parallel/sequence_shard.py). TE's modules save inside their own autograd
+# functions, out of the hooks' reach: they keep the gathered input.
+SEQUENCE_SHARD_BACKENDS: tuple[str, ...] = ("emulated", "torch")
 
 # Minimum CUDA compute capability of TE's recipe for each format; None: no TE recipe.
 TE_MIN_COMPUTE_CAPABILITY: dict[str, tuple[int, int] | None] = {
