@@ -22,8 +22,8 @@ Accounting (stated so the numbers can be checked by hand):
   measures it with ``saved_tensors_hooks``): everything in the activation dtype (BF16 under
   autocast, fp32 without) - the residual stream, norm inputs and outputs, every linear's saved
   input whatever its plan; under SP only the sequence shard (emulated and torch backends); flash-style
-  attention (no s x s matrix). Under autocast each reference-path (all-BF16) linear also saves a
-  BF16 copy of its weight per micro-batch in flight.
+  attention (no s x s matrix). Under autocast each reference-path (all-BF16) linear and the LM head
+  also hold a BF16 copy of their weight, once per step whatever the micro-batches in flight.
   Recompute: "selective" drops RoPE'd q, k, the copy of v and the logsumexp; "full" keeps only each
   recomputed block's input. The last stage adds the LM head: the final norm's input E*d (sharded
   under SP), its output E*d (the LM head's input, gathered under SP), the fp32 softmax 4*V/tp and
@@ -63,7 +63,7 @@ from megatron_snip.model.shapes import (
     model_linear_shapes,
     parameter_counts,
 )
-from megatron_snip.precision.capability import GPUS, SEQUENCE_SHARD_BACKENDS, GpuSpec, check_gpu_type
+from megatron_snip.precision.capability import GPUS, QUANT_LINEAR_BACKENDS, GpuSpec, check_gpu_type
 from megatron_snip.precision.formats import FORMATS, FP4_FORMATS
 from megatron_snip.precision.gemm_shapes import gemm_shape_error
 from megatron_snip.precision.plan import GEMMS, LINEARS, PrecisionPlan
@@ -276,8 +276,9 @@ class ActivationBytes:
     Attributes:
         stored: bytes per token of a block that is not fully recomputed (selective recompute applied).
         recomputed: bytes per token of a fully recomputed block (its fp32 input, kept by the checkpoint).
-        weight_copies_per_block: bytes per micro-batch in flight of a stored block: autocast's BF16
-            copies of the weights of linears on the reference (all-BF16) path, saved for their backward.
+        weight_copies_per_block: bytes of a stored block's autocast BF16 copies of the weights of
+            linears on the reference (all-BF16) path, saved for their backward: held once per step,
+            shared by every micro-batch in flight (precision/weight_copies.py).
         mode, every: ``training.recompute`` and ``training.recompute_every``.
     """
 
@@ -297,9 +298,13 @@ class ActivationBytes:
         return -(-blocks // self.every) if self.mode == "full" else 0
 
     def stage_bytes(self, blocks: int, tokens: int) -> int:
-        """Saved bytes of ``blocks`` blocks for one micro-batch of ``tokens`` tokens."""
+        """Saved bytes of ``blocks`` blocks for one micro-batch of ``tokens`` tokens (weight copies apart)."""
         rec = self.recomputed_blocks(blocks)
-        return (rec * self.recomputed + (blocks - rec) * self.stored) * tokens + (blocks - rec) * self.weight_copies_per_block
+        return (rec * self.recomputed + (blocks - rec) * self.stored) * tokens
+
+    def copy_bytes(self, blocks: int) -> int:
+        """The step's weight copies of ``blocks`` blocks (none in fully recomputed ones)."""
+        return (blocks - self.recomputed_blocks(blocks)) * self.weight_copies_per_block
 
 
 def _quantized_linears(cfg: Config) -> set[str]:
@@ -335,7 +340,7 @@ def activation_bytes(cfg: Config) -> ActivationBytes:
     Tensor parallelism divides the head and ffn terms by tp; sequence parallelism divides the norm
     terms and, on the emulated and torch backends, the column-parallel linears' inputs too (each rank saves
     its sequence shard and re-gathers it in backward: parallel/sequence_shard.py; TE: gathered).
-    Under autocast each reference-path linear also saves a BF16 copy of its weight (per micro-batch).
+    Under autocast each reference-path linear also saves a BF16 copy of its weight (once per step).
     """
     m, t, p = cfg.model, cfg.training, cfg.parallel
     tp, sp = p.tp, p.sequence_parallel
@@ -344,7 +349,7 @@ def activation_bytes(cfg: Config) -> ActivationBytes:
     seq_shard = tp if sp else 1
     # Column-parallel inputs under SP: the emulated and torch backends save the local shard
     # (parallel/sequence_shard.py), Transformer Engine's modules the gathered input.
-    input_shard = seq_shard if cfg.precision.backend in SEQUENCE_SHARD_BACKENDS else 1
+    input_shard = seq_shard if cfg.precision.backend in QUANT_LINEAR_BACKENDS else 1
     norms = 2 * e * d // seq_shard + 2 * e * d // input_shard
     qkv_width = (h + 2 * g) * hd
     core = e * qkv_width if t.recompute == "selective" else e * qkv_width + 4 * h
@@ -413,8 +418,9 @@ def estimate(cfg: Config, world_size: int, gpu: str | None = None) -> Sizing:
             in_flight = micro_batches
         else:
             in_flight = min(pp - s, micro_batches)
-        act = in_flight * (acts.stage_bytes(per_stage, tokens_micro)
-                           + (head_act * tokens_micro + head_copies if last else 0))
+        # Weight copies once per stage (the step's, shared by the micro-batches in flight).
+        act = (in_flight * (acts.stage_bytes(per_stage, tokens_micro) + (head_act * tokens_micro if last else 0))
+               + acts.copy_bytes(per_stage) + (head_copies if last else 0))
         stage_flops = (per_stage * block_flops + (head_flops if last else 0)) // (tp * dp)
         stages.append(StageSizing(s, s * per_stage, (s + 1) * per_stage - 1, params, in_flight, act, stage_flops,
                                   optimizer_shards=dp if t.distributed_optimizer else 1))
@@ -488,7 +494,7 @@ def dry_run_report(cfg: Config, world_size: int, gpu: str | None = None) -> str:
                  "full": f"full recompute of {a.recomputed_blocks(s.layers_per_stage)} of {s.layers_per_stage} "
                          f"blocks per stage ({a.recomputed:,} B per token each)"}[a.mode]
     add(f"  activations: {s.activation_bytes_per_token_layer:,} B per token per stored block per rank "
-        f"+ {a.weight_copies_per_block / 2**20:,.1f} MiB of BF16 weight copies per block and micro-batch "
+        f"+ {a.weight_copies_per_block / 2**20:,.1f} MiB of BF16 weight copies per block (once per step) "
         f"(as the code saves them: {'BF16 autocast' if s.activation_element_bytes == 2 else 'fp32'} residual, "
         f"norms and linear inputs, {'with' if s.sequence_parallel else 'without'} sequence parallelism, "
         f"{recompute}; see sizing.py)")

@@ -21,6 +21,7 @@ Shape legend: B batch, S sequence, D hidden, H query heads, G kv heads
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -241,6 +242,25 @@ class LlamaModel(nn.Module):
             block.attn.recompute_core = mode == "selective"
             # The SP shard-saving hooks would shadow the checkpoint's own (parallel/sequence_shard.py).
             block.attn.qkv.save_input_shard = block.mlp.fc1.save_input_shard = not block.recompute
+            # A recomputed block keeps no weight copy between its passes; a step-long cache would.
+            for lin in (block.attn.qkv, block.attn.proj, block.mlp.fc1, block.mlp.fc2):
+                lin.weight_copy.enabled = not block.recompute
+
+    @contextmanager
+    def weight_copies_for_step(self) -> Iterator[None]:
+        """Inside: each linear on the reference path and the LM head make their activation-dtype
+        weight copy once and share it across micro-batches (precision/weight_copies.py); on exit the
+        copies are dropped. Wrap a step's forward and backward passes, never an optimizer step."""
+        copies = [lin.weight_copy for lin in self.precision_linears()]
+        if self.post_process:
+            copies.append(self.lm_head.weight_copy)
+        for c in copies:
+            c.open()
+        try:
+            yield
+        finally:
+            for c in copies:
+                c.close()
 
     def set_backend(self, backend: Backend) -> None:
         """Run every linear's GEMMs through ``backend`` (emulated or Transformer Engine)."""

@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from megatron_snip.precision.formats import Operand, get_format
-from megatron_snip.precision.plan import GEMMS, GemmPrecision
+from megatron_snip.precision.plan import GemmPrecision
 from megatron_snip.precision.quantize import quantize
 
 __all__ = ["GemmRunner", "activation_dtype", "emulated_gemm", "quant_linear", "tune_cpu_malloc"]
@@ -213,6 +213,6 @@ def quant_linear(
             f"quant_linear: x {tuple(x.shape)} and weight {tuple(weight.shape)} do not fit "
             "(need x (..., K) and weight (N, K))"
         )
-    if all(precision[g] == "bf16" for g in GEMMS):
+    if precision.is_reference:
         return F.linear(x, weight.to(x.dtype))  # the reference path, autograd as usual
     return _QuantLinearFn.apply(x, weight, precision, amax_reduce, generator, compiled, gemm)

@@ -384,8 +384,10 @@ class Trainer:
         stage and TP rank; not averaged over DP), through this layout's schedule.
 
         No optimizer step and no gradient reduction over DP (``train_step`` does that via
-        ``self.grads.reduce()``) - the SNIP statistics pass reuses this on its probe batches."""
-        return self._run_schedule(micro, forward_only=False)
+        ``self.grads.reduce()``) - the SNIP statistics pass reuses this on its probe batches.
+        Autocast weight copies are made once for all of ``micro`` (``LlamaModel.weight_copies_for_step``)."""
+        with self.model.weight_copies_for_step():
+            return self._run_schedule(micro, forward_only=False)
 
     @torch.no_grad()
     def evaluate_batch(self, tokens: torch.Tensor) -> torch.Tensor:
