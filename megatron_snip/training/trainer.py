@@ -167,7 +167,7 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, t, self.device, self.topo)
         # The distributed optimizer reduces into its own DP shards (parallel/distributed_optimizer.py).
         self.grads = (self.optimizer.reducer if isinstance(self.optimizer, DistributedOptimizer)
-                      else GradReducer(self.model.parameters(), self.topo))
+                      else GradReducer(self.model.parameters(), self.topo, t.grad_bucket_mb))
         # Stochastic rounding draws from one generator owned by the trainer and checkpointed. It is
         # seeded alike on every rank: DP replicas consume it identically, so DP rank 0's saved
         # state restores every replica exactly.
@@ -401,7 +401,9 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
-        total = self.forward_backward(self.micro_batches(step))
+        micro = self.micro_batches(step)
+        self.grads.start_step(len(micro))  # the overlapped reduction counts these backward passes
+        total = self.forward_backward(micro)
         self.grads.reduce()
         loss = comm.all_reduce_mean(total.detach().clone().float(), self.topo.dp_group)
         clip = self.cfg.training.grad_clip or math.inf
