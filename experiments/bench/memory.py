@@ -240,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"max |diff| {diff:.3g} (grad_clip=0)")
 
     if not args.skip_70b:
-        print("\n(3) llama_70b dry run, TP=8 PP=8 (sequence parallel, 1F1B, torch backend, BF16 autocast), per rank GiB")
+        print("\n(3) llama_70b dry run, TP=8 PP=8 (sequence parallel, 1F1B, torch backend, BF16 autocast), "
+              "per rank GiB")
         print(f"  {'setting':<24}{'GPUs':>5}{'DP':>4}  {'stage 0: w+g':>12}{'Adam':>8}{'acts':>8}{'total':>8}"
               f"  {'last: acts':>10}{'total':>8}")
         for name, world, first, last in dry_run_70b():

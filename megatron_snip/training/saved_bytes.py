@@ -6,7 +6,8 @@ around block ``layer``'s forward, and counts every distinct storage the block sa
 parameters and the model's cached RoPE tables (held anyway). Weight-shaped saved tensors
 (autocast's BF16 weight copies: per micro-batch or per step, not per token) and tensors the core
 attention saves with an (S, S) pair as their last dims (attention probabilities, which a math
-SDPA kernel saves and flash attention does not) are reported apart. The backward runs too, so that recompute frees and re-makes its tensors.
+SDPA kernel saves and flash attention does not) are reported apart. The backward runs too, so
+that recompute frees and re-makes its tensors.
 
 ``sizing.activation_bytes`` is the formula; tests/unit/test_activation_memory.py requires the two
 to agree and ``python -m experiments.bench.memory`` prints them side by side.
