@@ -19,14 +19,15 @@ Accounting (stated so the numbers can be checked by hand):
   temporaries of the gradient reduction are not counted.
 * **Activations** saved for backward, per block, per token, as the code saves them
   (``activation_bytes``; its docstring has the formula, tests/unit/test_activation_memory.py
-  measures it with ``saved_tensors_hooks``): the residual stream and RMSNorm stay fp32,
-  reference-path (all-BF16) linears save BF16 inputs under autocast, quantized-path linears
-  their fp32 input, under SP only the sequence shard (emulated backend); flash-style attention
-  (no s x s matrix). Under autocast each
-  reference-path linear also saves a BF16 copy of its weight per micro-batch in flight.
-  Recompute: "selective" drops RoPE'd q, k and the logsumexp; "full" keeps only each
-  recomputed block's fp32 input. The last stage adds the LM head: final norm (fp32) 8d+4,
-  its E-byte input d (gathered under SP), the fp32 softmax 4*V/tp and the int64 targets 8,
+  measures it with ``saved_tensors_hooks``): everything in the activation dtype (BF16 under
+  autocast, fp32 without) - the residual stream, norm inputs and outputs, every linear's saved
+  input whatever its plan; under SP only the sequence shard (emulated and torch backends); flash-style
+  attention (no s x s matrix). Under autocast each reference-path (all-BF16) linear and the LM head
+  also hold a BF16 copy of their weight, once per step whatever the micro-batches in flight.
+  Recompute: "selective" drops RoPE'd q, k, the copy of v and the logsumexp; "full" keeps only each
+  recomputed block's input. The last stage adds the LM head: the final norm's input E*d (sharded
+  under SP), its output E*d (the LM head's input, gathered under SP), the fp32 softmax 4*V/tp and
+  the int64 targets 8,
   plus its weight copy under autocast. A pipeline stage holds the activations of every
   micro-batch in flight: 1F1B keeps min(pp - stage, m) on stage ``stage`` (the first stage
   holds the most: min(pp, m)), GPipe keeps all m, no pipeline keeps one. SNIP's probe passes
@@ -62,7 +63,7 @@ from megatron_snip.model.shapes import (
     model_linear_shapes,
     parameter_counts,
 )
-from megatron_snip.precision.capability import GPUS, GpuSpec, check_gpu_type
+from megatron_snip.precision.capability import GPUS, QUANT_LINEAR_BACKENDS, GpuSpec, check_gpu_type
 from megatron_snip.precision.formats import FORMATS, FP4_FORMATS
 from megatron_snip.precision.gemm_shapes import gemm_shape_error
 from megatron_snip.precision.plan import GEMMS, LINEARS, PrecisionPlan
@@ -275,8 +276,9 @@ class ActivationBytes:
     Attributes:
         stored: bytes per token of a block that is not fully recomputed (selective recompute applied).
         recomputed: bytes per token of a fully recomputed block (its fp32 input, kept by the checkpoint).
-        weight_copies_per_block: bytes per micro-batch in flight of a stored block: autocast's BF16
-            copies of the weights of linears on the reference (all-BF16) path, saved for their backward.
+        weight_copies_per_block: bytes of a stored block's autocast BF16 copies of the weights of
+            linears on the reference (all-BF16) path, saved for their backward: held once per step,
+            shared by every micro-batch in flight (precision/weight_copies.py).
         mode, every: ``training.recompute`` and ``training.recompute_every``.
     """
 
@@ -296,9 +298,13 @@ class ActivationBytes:
         return -(-blocks // self.every) if self.mode == "full" else 0
 
     def stage_bytes(self, blocks: int, tokens: int) -> int:
-        """Saved bytes of ``blocks`` blocks for one micro-batch of ``tokens`` tokens."""
+        """Saved bytes of ``blocks`` blocks for one micro-batch of ``tokens`` tokens (weight copies apart)."""
         rec = self.recomputed_blocks(blocks)
-        return (rec * self.recomputed + (blocks - rec) * self.stored) * tokens + (blocks - rec) * self.weight_copies_per_block
+        return (rec * self.recomputed + (blocks - rec) * self.stored) * tokens
+
+    def copy_bytes(self, blocks: int) -> int:
+        """The step's weight copies of ``blocks`` blocks (none in fully recomputed ones)."""
+        return (blocks - self.recomputed_blocks(blocks)) * self.weight_copies_per_block
 
 
 def _quantized_linears(cfg: Config) -> set[str]:
@@ -316,42 +322,43 @@ def _quantized_linears(cfg: Config) -> set[str]:
 
 def activation_bytes(cfg: Config) -> ActivationBytes:
     """Saved-for-backward bytes of one block on one rank, following the code (model/llama.py,
-    model/norm.py, precision/gemm.py). ``E`` = 2 under BF16 autocast, 4 in fp32; the residual
-    stream and RMSNorm stay fp32. A linear on the reference path (every GEMM BF16: ``F.linear``)
-    saves its input cast to E; on the quantized path (``_QuantLinearFn``) it saves its input as
-    given. Both return E (the activation dtype: ``gemm.activation_dtype``). Per token:
+    model/norm.py, model/recompute.py, precision/gemm.py). ``E`` = 2 under BF16 autocast, 4 in
+    fp32: the activation dtype, which the residual stream, the norms' outputs and every linear's
+    output and saved input are in (linears on the reference path save their input as ``F.linear``
+    does; on the quantized path ``_QuantLinearFn`` saves x as given, which is that same tensor).
+    Per token:
 
-    * norms (x2): fp32 input 4d, rsqrt 4, normalized fp32 4d, and the linear's input
-      (the norm output, fp32): E*d on the reference path, 4d quantized;
-    * attention: SDPA saves RoPE'd q, k (E*(h+g)*hd) and v, a view of the whole qkv output
-      (E*(h+2g)*hd), the fp32 logsumexp 4h and the output E*h*hd, which is also proj's input;
-      flash-style attention, no s x s matrix (the CPU kernel used here does not save one either);
-    * SwiGLU: fc1 output E*2f (gate and up), silu(gate) E*f and the fc2 input E*f;
+    * norms (x2): the norm's input (the residual stream) E*d - 1/rms and the fp32 normalized
+      rows are recomputed in backward - and the next linear's input (the norm output) E*d;
+    * attention: RoPE'd q, k and a compact copy of v (E*(h+2g)*hd), the fp32 logsumexp 4h and
+      the output E*h*hd, which is also proj's input; flash-style attention, no s x s matrix (the
+      CPU kernel used here, SDPA's flash kernel for CPU, does not save one either);
+    * SwiGLU: fc1's output E*2f (gate and up; silu(gate) * up is recomputed) and fc2's input E*f;
     * selective recompute keeps, of the attention, only the qkv output (E*(h+2g)*hd) and the output;
-      full recompute keeps only the block's fp32 input 4d.
+      full recompute keeps only the block's input E*d.
 
     Tensor parallelism divides the head and ffn terms by tp; sequence parallelism divides the norm
-    terms and, on the emulated backend, the column-parallel linears' inputs too (each rank saves
+    terms and, on the emulated and torch backends, the column-parallel linears' inputs too (each rank saves
     its sequence shard and re-gathers it in backward: parallel/sequence_shard.py; TE: gathered).
+    Under autocast each reference-path linear also saves a BF16 copy of its weight (once per step).
     """
     m, t, p = cfg.model, cfg.training, cfg.parallel
     tp, sp = p.tp, p.sequence_parallel
     d, f, hd, h, g = m.hidden_size, m.ffn_hidden_size, m.head_dim, m.num_attention_heads, m.num_kv_heads
     e = 4 if t.dtype == "float32" else 2
-    quant = _quantized_linears(cfg)
-    in_bytes = {lin: 4 if lin in quant else e for lin in LINEARS}  # what a linear saves of an fp32 input
     seq_shard = tp if sp else 1
-    # Column-parallel inputs under SP: the emulated backend saves the local shard
+    # Column-parallel inputs under SP: the emulated and torch backends save the local shard
     # (parallel/sequence_shard.py), Transformer Engine's modules the gathered input.
-    input_shard = seq_shard if cfg.precision.backend == "emulated" else 1
-    norms = 2 * (8 * d + 4) // seq_shard + (in_bytes["qkv"] + in_bytes["fc1"]) * d // input_shard
+    input_shard = seq_shard if cfg.precision.backend in QUANT_LINEAR_BACKENDS else 1
+    norms = 2 * e * d // seq_shard + 2 * e * d // input_shard
     qkv_width = (h + 2 * g) * hd
-    core = e * qkv_width if t.recompute == "selective" else e * (h + g) * hd + e * qkv_width + 4 * h
+    core = e * qkv_width if t.recompute == "selective" else e * qkv_width + 4 * h
     attention = (core + e * h * hd) // tp
-    mlp = 4 * e * f // tp
+    mlp = 3 * e * f // tp
+    quant = _quantized_linears(cfg)
     shapes = model_linear_shapes(cfg.model)
     copies = 0 if e == 4 else sum(2 * n * k // tp for lin, (n, k) in shapes.items() if lin not in quant)
-    return ActivationBytes(stored=norms + attention + mlp, recomputed=4 * d // seq_shard,
+    return ActivationBytes(stored=norms + attention + mlp, recomputed=e * d // seq_shard,
                            weight_copies_per_block=copies, mode=t.recompute, every=t.recompute_every)
 
 
@@ -382,7 +389,7 @@ def estimate(cfg: Config, world_size: int, gpu: str | None = None) -> Sizing:
     # Activations per token per block on one rank (module docstring, activation_bytes).
     e = 4 if t.dtype == "float32" else 2
     acts = activation_bytes(cfg)
-    head_act = (8 * d + 4) // (tp if p.sequence_parallel else 1) + e * d + 4 * vocab_local + 8
+    head_act = e * d // (tp if p.sequence_parallel else 1) + e * d + 4 * vocab_local + 8
     head_copies = 2 * vocab_local * d if e == 2 else 0  # autocast's BF16 copy of the LM head weight
     tokens_micro = t.micro_batch_size * t.seq_len
     micro_batches = t.global_batch_size // (t.micro_batch_size * dp)
@@ -411,8 +418,9 @@ def estimate(cfg: Config, world_size: int, gpu: str | None = None) -> Sizing:
             in_flight = micro_batches
         else:
             in_flight = min(pp - s, micro_batches)
-        act = in_flight * (acts.stage_bytes(per_stage, tokens_micro)
-                           + (head_act * tokens_micro + head_copies if last else 0))
+        # Weight copies once per stage (the step's, shared by the micro-batches in flight).
+        act = (in_flight * (acts.stage_bytes(per_stage, tokens_micro) + (head_act * tokens_micro if last else 0))
+               + acts.copy_bytes(per_stage) + (head_copies if last else 0))
         stage_flops = (per_stage * block_flops + (head_flops if last else 0)) // (tp * dp)
         stages.append(StageSizing(s, s * per_stage, (s + 1) * per_stage - 1, params, in_flight, act, stage_flops,
                                   optimizer_shards=dp if t.distributed_optimizer else 1))
@@ -486,9 +494,10 @@ def dry_run_report(cfg: Config, world_size: int, gpu: str | None = None) -> str:
                  "full": f"full recompute of {a.recomputed_blocks(s.layers_per_stage)} of {s.layers_per_stage} "
                          f"blocks per stage ({a.recomputed:,} B per token each)"}[a.mode]
     add(f"  activations: {s.activation_bytes_per_token_layer:,} B per token per stored block per rank "
-        f"+ {a.weight_copies_per_block / 2**20:,.1f} MiB of BF16 weight copies per block and micro-batch "
-        f"(as the code saves them: {'BF16 autocast' if s.activation_element_bytes == 2 else 'fp32'}, fp32 residual "
-        f"and norms, {'with' if s.sequence_parallel else 'without'} sequence parallelism, {recompute}; see sizing.py)")
+        f"+ {a.weight_copies_per_block / 2**20:,.1f} MiB of BF16 weight copies per block (once per step) "
+        f"(as the code saves them: {'BF16 autocast' if s.activation_element_bytes == 2 else 'fp32'} residual, "
+        f"norms and linear inputs, {'with' if s.sequence_parallel else 'without'} sequence parallelism, "
+        f"{recompute}; see sizing.py)")
     peak = s.peak_stage
     room = s.gpu.memory_gib - peak.total_bytes / GIB
     verdict = "fits" if room >= 0.1 * s.gpu.memory_gib else ("tight" if room >= 0 else "DOES NOT FIT")

@@ -37,7 +37,10 @@ from megatron_snip.parallel import comm
 from megatron_snip.parallel.sequence_shard import save_sequence_shard
 from megatron_snip.parallel.topology import TensorParallel
 from megatron_snip.precision.backends import Backend, get_backend
+from megatron_snip.precision.capability import QUANT_LINEAR_BACKENDS
+from megatron_snip.precision.gemm import activation_dtype
 from megatron_snip.precision.plan import GemmPrecision
+from megatron_snip.precision.weight_copies import WeightCopy
 
 UNSHARDED = TensorParallel()
 
@@ -107,6 +110,8 @@ class PrecisionLinear(nn.Module):
         amax_reduce: reduces a local amax over the TP group (None when unsharded).
         probe: a LinearProbe while SNIP statistics are being collected, else None.
         backend: the ``Backend`` that runs the GEMMs (emulated until ``LlamaModel.set_backend``).
+        weight_copy: the step's copy of the weight in the activation dtype, for the reference path
+            (precision/weight_copies.py; scoped by ``LlamaModel.weight_copies_for_step``).
     """
 
     shard_dim: int | None = None  # weight dim split over TP (None: replicated)
@@ -138,6 +143,7 @@ class PrecisionLinear(nn.Module):
         self.probe: LinearProbe | None = None
         # Runs the GEMMs: the reference until LlamaModel.set_backend installs the configured one.
         self.backend: Backend = get_backend("emulated")
+        self.weight_copy = WeightCopy()
         self.reset_parameters(init_generator)
 
     def shard(self, full: torch.Tensor) -> torch.Tensor:
@@ -158,8 +164,12 @@ class PrecisionLinear(nn.Module):
 
         Under TP this may all-reduce amaxes over the TP group (``amax_reduce``), so every TP
         rank must call it the same number of times with the same formats."""
-        return self.backend.linear(x, self.weight, precision or self.precision,
-                                   amax_reduce=self.amax_reduce, generator=self.generator)
+        precision = precision or self.precision
+        weight = self.weight
+        if precision.is_reference and self.backend.name in QUANT_LINEAR_BACKENDS:
+            # quant_linear's reference path multiplies the weight in x's dtype: hand it the step's copy.
+            weight = self.weight_copy.get(weight, activation_dtype(x))
+        return self.backend.linear(x, weight, precision, amax_reduce=self.amax_reduce, generator=self.generator)
 
     def _input_comm(self, x: torch.Tensor) -> torch.Tensor:
         return x
@@ -199,7 +209,7 @@ class ColumnParallelLinear(PrecisionLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (self.tp.sequence_parallel and self.save_input_shard and self.probe is None
-                and self.backend.name == "emulated" and torch.is_grad_enabled()):
+                and self.backend.name in QUANT_LINEAR_BACKENDS and torch.is_grad_enabled()):
             return super().forward(x)
         x_full = self._input_comm(x)
         with save_sequence_shard(x_full, x, self.tp.group):
@@ -287,13 +297,14 @@ class ParallelLMHead(_VocabShardedWeight):
     def __init__(self, hidden_size: int, vocab_size: int, *, init_std: float, tp: TensorParallel = UNSHARDED,
                  init_generator: torch.Generator | None = None) -> None:
         super().__init__(vocab_size, hidden_size, init_std=init_std, tp=tp, init_generator=init_generator)
+        self.weight_copy = WeightCopy()  # autocast's BF16 copy, once per step (precision/weight_copies.py)
 
     def forward(self, h_bsd: torch.Tensor) -> torch.Tensor:
         if self.tp.sequence_parallel:
             h_bsd = comm.gather_from_sp(h_bsd, self.tp.group)
         else:
             h_bsd = comm.copy_to_tp(h_bsd, self.tp.group)
-        return F.linear(h_bsd, self.weight)
+        return F.linear(h_bsd, self.weight_copy.get(self.weight, activation_dtype(h_bsd)))
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):

@@ -21,6 +21,7 @@ Shape legend: B batch, S sequence, D hidden, H query heads, G kv heads
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -42,10 +43,12 @@ from megatron_snip.model.layers import (
     vocab_parallel_cross_entropy,
 )
 from megatron_snip.model.norm import RMSNorm
+from megatron_snip.model.recompute import recompute_cheap
 from megatron_snip.model.rope import Llama3RopeScaling, apply_rope, rope_tables
 from megatron_snip.model.shapes import model_linear_shapes
 from megatron_snip.parallel.topology import TensorParallel
 from megatron_snip.precision.backends import Backend
+from megatron_snip.precision.gemm import activation_dtype
 from megatron_snip.precision.gemm_shapes import gemm_shape_error
 from megatron_snip.precision.plan import GEMMS, LINEARS, GemmId, PrecisionPlan, all_gemm_ids
 
@@ -94,14 +97,21 @@ class Attention(nn.Module):
         qkv = qkv.view(b, s, self.num_groups, q_per_group + 2, self.head_dim)
         q = qkv[:, :, :, :q_per_group].reshape(b, s, self.num_heads, self.head_dim).transpose(1, 2)  # B H S Hd
         k = qkv[:, :, :, q_per_group].transpose(1, 2)  # B G S Hd
-        v = qkv[:, :, :, q_per_group + 1].transpose(1, 2)  # B G S Hd
+        # A compact copy: attention saves v for backward, and a view would keep the whole qkv
+        # output alive (q and k are saved as RoPE's fresh outputs). Same values, same bits.
+        v = qkv[:, :, :, q_per_group + 1].transpose(1, 2).contiguous()  # B G S Hd
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.num_groups != self.num_heads)
         return out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim)
 
 
 class SwiGLU(nn.Module):
-    """fc2(silu(gate) * up) with fc1 producing [gate; up] along its output dim."""
+    """fc2(silu(gate) * up) with fc1 producing [gate; up] along its output dim.
+
+    Memory: silu(gate) * up is recomputed in backward (``recompute_cheap``), so the block saves
+    fc1's output (gate and up) and fc2's input, not silu(gate) as well - Megatron's fused
+    bias-SwiGLU saves the same.
+    """
 
     def __init__(self, cfg: ModelConfig, layer: int, tp: TensorParallel = UNSHARDED, seed: int | None = None) -> None:
         super().__init__()
@@ -116,8 +126,13 @@ class SwiGLU(nn.Module):
                                      init_generator=_gen(seed, f"layers.{layer}.mlp.fc2.weight"))
 
     def forward(self, x_bsd: torch.Tensor) -> torch.Tensor:
-        gate, up = self.fc1(x_bsd).chunk(2, dim=-1)
-        return self.fc2(F.silu(gate) * up)
+        return self.fc2(recompute_cheap(_swiglu, self.fc1(x_bsd)))
+
+
+def _swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """(..., 2F) [gate; up] -> silu(gate) * up (..., F)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 class TransformerBlock(nn.Module):
@@ -227,6 +242,25 @@ class LlamaModel(nn.Module):
             block.attn.recompute_core = mode == "selective"
             # The SP shard-saving hooks would shadow the checkpoint's own (parallel/sequence_shard.py).
             block.attn.qkv.save_input_shard = block.mlp.fc1.save_input_shard = not block.recompute
+            # A recomputed block keeps no weight copy between its passes; a step-long cache would.
+            for lin in (block.attn.qkv, block.attn.proj, block.mlp.fc1, block.mlp.fc2):
+                lin.weight_copy.enabled = not block.recompute
+
+    @contextmanager
+    def weight_copies_for_step(self) -> Iterator[None]:
+        """Inside: each linear on the reference path and the LM head make their activation-dtype
+        weight copy once and share it across micro-batches (precision/weight_copies.py); on exit the
+        copies are dropped. Wrap a step's forward and backward passes, never an optimizer step."""
+        copies = [lin.weight_copy for lin in self.precision_linears()]
+        if self.post_process:
+            copies.append(self.lm_head.weight_copy)
+        for c in copies:
+            c.open()
+        try:
+            yield
+        finally:
+            for c in copies:
+                c.close()
 
     def set_backend(self, backend: Backend) -> None:
         """Run every linear's GEMMs through ``backend`` (emulated or Transformer Engine)."""
@@ -245,11 +279,16 @@ class LlamaModel(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """tokens (B, S) int64 -> hidden (B, S, D) on the first stage; hidden in/out on middle
-        stages; logits (B, S, V) fp32 on the last stage.
+        stages; logits (B, S, V) fp32 on the last stage. Hidden states come out in the activation
+        dtype (``gemm.activation_dtype``: bf16 under autocast) and go in as any float dtype.
 
         Under TP the logits are this rank's vocabulary slice (B, S, V/tp) (use ``loss``), and
         with sequence parallelism hidden states are (B, S/tp, D)."""
         h = self.embedding(x) if self.pre_process else x
+        # The residual stream runs in the activation dtype (bf16 under autocast, as Megatron's
+        # default without fp32_residual_connection): its adds, the norms' saved inputs and the
+        # stage-to-stage activations are then bf16. A no-op in fp32.
+        h = h.to(activation_dtype(h))
         seq_len = h.shape[1] * (self.tp.size if self.tp.sequence_parallel else 1)
         cos, sin = self._rope(seq_len, h.device)
         for block in self.layers.values():

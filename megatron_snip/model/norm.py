@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from megatron_snip.model.recompute import recompute_cheap
+
 
 class RMSNorm(nn.Module):
     """y = x / rms(x) * weight, normalized over the last dim (hidden_size); computed in fp32.
@@ -12,6 +14,11 @@ class RMSNorm(nn.Module):
     The weight is replicated over tensor parallelism. With sequence parallelism each TP rank
     sees a different slice of the sequence, so its weight gradient is partial: the weight is
     marked ``sequence_parallel`` and parallel/ddp.py sums its gradient over the TP group.
+
+    Memory: saves only its input x (the residual stream, in its dtype: bf16 under autocast) and
+    recomputes 1/rms and the normalized fp32 rows in backward (``recompute_cheap``; the
+    weight is held anyway) - what Megatron's activation count assumes for a norm, and bitwise
+    the gradients of saving them.
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-5, *, sequence_parallel: bool = False) -> None:
@@ -22,6 +29,10 @@ class RMSNorm(nn.Module):
         self.weight.sequence_parallel = sequence_parallel  # type: ignore[attr-defined]
 
     def forward(self, x_bsd: torch.Tensor) -> torch.Tensor:
+        """x (..., D) any float dtype -> (..., D) in x's dtype, normalized in fp32."""
+        return recompute_cheap(self._normalize, x_bsd)
+
+    def _normalize(self, x_bsd: torch.Tensor) -> torch.Tensor:
         x32 = x_bsd.float()
         y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (y * self.weight).to(x_bsd.dtype)

@@ -1,15 +1,28 @@
 """Gradient reduction and global-norm clipping for TP x PP x DP.
 
-Choice: gradients are reduced by a bucketed all-reduce *after* backward (not torch DDP's
-hooks). That works unchanged with the pipeline schedule's many backward calls per step and
-with SNIP probe passes (which must not touch other replicas' gradients), gives the same
-result on gloo and NCCL, and at this scale the lost overlap of communication with backward
-does not matter. Overlap (DDP-style hooks) is the upgrade path for large runs.
+Choice: without the distributed optimizer, gradients are reduced by a bucketed all-reduce
+*after* backward (not torch DDP's hooks). That works unchanged with the pipeline schedule's
+many backward calls per step and with SNIP probe passes (which must not touch other
+replicas' gradients), and gives the same result on gloo and NCCL. The distributed optimizer's
+reduce-scatter can overlap backward (below); the all-reduce path does not (yet).
 
 ``ShardedGradReducer`` is the distributed optimizer's variant (ZeRO-1,
 ``training.distributed_optimizer``): step 2 becomes a bucketed reduce-scatter, so each DP
 rank ends with the averaged gradient of only its shard, and the norm of step 3 sums the
 shards over DP; ``all_gather_params`` brings the updated shards back to every replica.
+
+Its overlap (``training.overlap_grad_reduce``), as torch DDP's reducer does it: a
+post-accumulate-grad hook on every parameter counts the backward passes of the step
+(``start_step(m)`` arms it for m micro-batches; SNIP's probe passes run unarmed); once a
+parameter has its m-th gradient it is final, and once every parameter of a bucket is final
+the bucket's reduce-scatter starts asynchronously while backward goes on. Buckets start in
+one fixed order on every DP rank (descending index, about the order backward finishes them,
+as DDP buckets in reverse parameter order) so the collectives line up; a bucket that is not
+finished when its turn comes holds the later ones back until ``reduce``, which starts what is
+left and waits. Buckets holding sequence-parallel parameters wait for ``reduce`` too (their
+TP sum must come first, unchanged). Each reduce-scatter reduces the very bucket the
+non-overlapped path would, so the shards are the same bits. At most two buckets are in
+flight: their flat copies are the overlap's only extra memory.
 
 Per step, after all micro-batches' backward:
   1. ``sequence_parallel`` params (norm weights under SP): grads summed over the TP group
@@ -107,6 +120,9 @@ class GradReducer:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         _bucketed_all_reduce([p.grad for p in params], group, self.bucket_bytes, average=average)
+
+    def start_step(self, micro_batches: int) -> None:
+        """Called before a step's ``micro_batches`` backward passes (the overlapped reducer counts them)."""
 
     def reduce(self) -> None:
         """Steps 1 and 2 of the module docstring (call once per optimizer step, after backward)."""
@@ -206,19 +222,90 @@ class ShardedGradReducer(GradReducer):
         groups: the optimizer's param groups' params (this rank's TP shard of its PP stage), in
             the same order on every DP replica.
         topo: tp group (sequence-parallel grads), dp group (the shards), mp group (norm).
+        bucket_mb: bucket size.
+        overlap: start each bucket's reduce-scatter during the step's last backward pass (module
+            docstring); only where dp > 1.
     """
 
-    def __init__(self, groups: list[list[nn.Parameter]], topo: ParallelTopology, bucket_mb: float = 25.0) -> None:
+    MAX_IN_FLIGHT = 2  # overlapped buckets launched and not yet waited for (bounds their flat copies)
+
+    def __init__(self, groups: list[list[nn.Parameter]], topo: ParallelTopology, bucket_mb: float = 25.0, *,
+                 overlap: bool = False) -> None:
         super().__init__([p for g in groups for p in g], topo, bucket_mb)
         self.buckets = shard_buckets(groups, topo.dp, self.bucket_bytes)
         self.grad_shards: list[torch.Tensor | None] = [None] * len(self.buckets)
+        self.overlap = overlap and topo.dp > 1
+        # The order buckets start in, the same on every DP rank: backward finishes the last
+        # parameters first; sequence-parallel buckets last (their TP sum runs in ``reduce``).
+        sp = {i for i, b in enumerate(self.buckets)
+              if topo.tp > 1 and any(getattr(p, "sequence_parallel", False) for p in b.params)}
+        self._order = [i for i in reversed(range(len(self.buckets))) if i not in sp] + sorted(sp, reverse=True)
+        self._hookable = len(self._order) - len(sp)  # the hooks may start _order[:_hookable]
+        self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b.params}
+        self._armed_for = 0  # backward passes of the step being counted (0: hooks idle)
+        self._accumulated: dict[int, int] = {}  # id(param) -> gradients accumulated this step
+        self._finished = [0] * len(self.buckets)  # params of each bucket with their final gradient
+        self._next = 0  # position in _order of the next bucket to start
+        self._in_flight: list[tuple[int, object, torch.Tensor]] = []  # (bucket, work, flat input)
+        self.launched_in_backward = 0  # buckets the hooks started during the last step (for tests, logs)
+        if self.overlap:
+            for p in self.params:
+                p.register_post_accumulate_grad_hook(self._on_grad)
 
+    # --- overlap ---------------------------------------------------------------------------------
+    def start_step(self, micro_batches: int) -> None:
+        """Arm the hooks for the ``micro_batches`` backward passes of one optimizer step."""
+        if self.overlap:
+            self._armed_for, self._accumulated = micro_batches, {}
+            self._finished, self._next, self._in_flight = [0] * len(self.buckets), 0, []
+            self.launched_in_backward = 0
+
+    def _on_grad(self, p: nn.Parameter) -> None:
+        """Post-accumulate-grad hook: p's gradient of one backward pass is in ``p.grad``."""
+        if not self._armed_for:
+            return
+        n = self._accumulated[id(p)] = self._accumulated.get(id(p), 0) + 1
+        if n == self._armed_for:  # p's gradient is final for this step
+            self._finished[self._bucket_of[id(p)]] += 1
+            while self._next < self._hookable and self._ready(self._order[self._next]):
+                self._launch(self._order[self._next])
+                self._next += 1
+                self.launched_in_backward += 1
+
+    def _ready(self, i: int) -> bool:
+        return self._finished[i] == len(self.buckets[i].params)
+
+    def _launch(self, i: int) -> None:
+        """Start bucket ``i``'s reduce-scatter over DP (waiting first if two are in flight)."""
+        if len(self._in_flight) >= self.MAX_IN_FLIGHT:
+            self._wait_oldest()
+        b = self.buckets[i]
+        flat = b.flatten([p.grad for p in b.params], self.topo.dp)
+        shard, work = reduce_scatter_sum_async(flat, self.topo.dp_group)
+        self.grad_shards[i] = shard
+        self._in_flight.append((i, work, flat))
+
+    def _wait_oldest(self) -> None:
+        i, work, _ = self._in_flight.pop(0)  # the flat input is freed here
+        work.wait()
+        self.grad_shards[i].div_(self.topo.dp)
+
+    # --- the step's reduction ----------------------------------------------------------------------
     def reduce(self) -> None:
         """SP grads summed over TP, then per bucket: reduce-scatter (sum) over DP and divide by dp
-        (the same two operations as the all-reduce path, so at DP=2 the shards are bitwise its values)."""
+        (the same two operations as the all-reduce path, so at DP=2 the shards are bitwise its values).
+        With overlap, buckets the hooks started are only waited for here."""
         sp = [p for p in self.params if getattr(p, "sequence_parallel", False)]
         self._reduce(sp, self.topo.tp_group, average=False)
         dp = self.topo.dp
+        if self.overlap:
+            self._armed_for = 0
+            for i in self._order[self._next:]:
+                self._launch(i)
+            self._next = len(self._order)
+            while self._in_flight:
+                self._wait_oldest()
+            return
         for i, b in enumerate(self.buckets):
             flat = b.flatten([p.grad for p in b.params], dp)
             shard = reduce_scatter_sum(flat, self.topo.dp_group)
@@ -265,6 +352,14 @@ def reduce_scatter_sum(flat: torch.Tensor, group: object) -> torch.Tensor:
     out = torch.empty(flat.numel() // n, dtype=flat.dtype, device=flat.device)
     dist.reduce_scatter_tensor(out, flat, op=dist.ReduceOp.SUM, group=group)
     return out
+
+
+def reduce_scatter_sum_async(flat: torch.Tensor, group: object) -> tuple[torch.Tensor, object]:
+    """``reduce_scatter_sum`` started asynchronously (a group of two or more ranks): (the output
+    shard, filled once ``work.wait()`` returns; the work handle). ``flat`` must live until then."""
+    out = torch.empty(flat.numel() // comm.group_size(group), dtype=flat.dtype, device=flat.device)
+    work = dist.reduce_scatter_tensor(out, flat, op=dist.ReduceOp.SUM, group=group, async_op=True)
+    return out, work
 
 
 def all_gather_flat(shard: torch.Tensor, group: object) -> torch.Tensor:

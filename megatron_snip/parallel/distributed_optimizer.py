@@ -29,8 +29,8 @@ Checkpoints: ``state_dict`` gathers the shards onto DP rank 0 in ``torch.optim.A
 format (Megatron's "gather to DP rank 0" parameter-state format), so a checkpoint does not
 depend on dp or on this option: an unsharded run's checkpoint loads here and vice versa.
 
-Not done: overlapping the reduce-scatter with backward (the reduction runs after the last
-micro-batch's backward, as ``GradReducer`` does; see parallel/ddp.py for why).
+With ``training.overlap_grad_reduce`` the reduce-scatters start during the last micro-batch's
+backward, bucket by bucket, as their gradients are finished (``ShardedGradReducer``, overlap).
 """
 
 from __future__ import annotations
@@ -57,15 +57,17 @@ class DistributedOptimizer:
         topo: the topology (dp group for shards, tp/mp groups for the reducer).
         lr, betas, eps: AdamW hyper-parameters (``param_groups[i]["lr"]`` is read at every step).
         fused: torch's fused CUDA kernel (else foreach), as ``training/optim.build_optimizer`` picks.
+        bucket_mb: reduce-scatter bucket size (``training.grad_bucket_mb``).
+        overlap: start the reduce-scatters during backward (``training.overlap_grad_reduce``).
     """
 
     def __init__(self, groups: list[dict], topo: ParallelTopology, *, lr: float, betas: tuple[float, float],
-                 eps: float, fused: bool, bucket_mb: float = 25.0) -> None:
+                 eps: float, fused: bool, bucket_mb: float = 25.0, overlap: bool = False) -> None:
         self.param_groups = [{**g, "params": list(g["params"]), "lr": lr, "betas": tuple(betas), "eps": eps}
                              for g in groups]
         self.topo = topo
         self.fused = fused
-        self.reducer = ShardedGradReducer([g["params"] for g in self.param_groups], topo, bucket_mb)
+        self.reducer = ShardedGradReducer([g["params"] for g in self.param_groups], topo, bucket_mb, overlap=overlap)
         # Per bucket: {"step": scalar tensor, "exp_avg": shard, "exp_avg_sq": shard}; empty before the first step.
         self.shard_state: list[dict[str, torch.Tensor]] = [{} for _ in self.reducer.buckets]
         self._where = {id(p): (bi, i) for bi, b in enumerate(self.reducer.buckets) for i, p in enumerate(b.params)}

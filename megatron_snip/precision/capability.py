@@ -45,6 +45,12 @@ __all__ = [
 ]
 
 BACKENDS: tuple[str, ...] = ("emulated", "torch", "te")
+# Backends whose linear is ``gemm.quant_linear``: what it saves for backward is the input tensor
+# itself, so under sequence parallelism the column-parallel linears can keep its sequence shard
+# instead (parallel/sequence_shard.py), and on the reference path it takes the weight in the
+# activation dtype, so a step's copy can be shared (precision/weight_copies.py). TE's modules save
+# inside their own autograd functions and own their weight casts: they keep the gathered input.
+QUANT_LINEAR_BACKENDS: tuple[str, ...] = ("emulated", "torch")
 
 # Minimum CUDA compute capability of TE's recipe for each format; None: no TE recipe.
 TE_MIN_COMPUTE_CAPABILITY: dict[str, tuple[int, int] | None] = {

@@ -22,7 +22,13 @@ F.linear would - the one place bf16 arithmetic is used). Y is returned in the
 activation dtype, dX in x's dtype, dW in the weight's.
 
 Memory: backward saves only x and the weight (the same tensors F.linear saves)
-and re-quantizes them; quantized copies are never kept across calls. Re-quantizing
+and re-quantizes them; quantized copies are never kept across calls. x is saved as given:
+under bf16 autocast the model feeds bf16 (residual stream and norm outputs run in it), so a
+quantized linear saves 2 bytes per input element, as a BF16 one does. Saving Q(X) instead
+would not help here: wgrad quantizes X along T (nvfp4: after the RHT), not along K as fprop
+does, so fprop's Q(X) cannot serve it, and these quantizers return dequantized fp32 values -
+a kept Q(X) would cost 4 bytes per element. A packed copy (FP4 codes + scales, ~0.56 B per
+element, what TE keeps) is a real backend's job. Re-quantizing
 W for dgrad reads W once. For nvfp4's symmetric 16x16 weight blocks Q(Wᵀ) == Q(W)ᵀ,
 so fprop's Q(W) could be saved for dgrad instead; we do not: it would save ~4% of
 the quantizer work of a step (W is small next to X and dY) at the price of an fp32
@@ -46,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from megatron_snip.precision.formats import Operand, get_format
-from megatron_snip.precision.plan import GEMMS, GemmPrecision
+from megatron_snip.precision.plan import GemmPrecision
 from megatron_snip.precision.quantize import quantize
 
 __all__ = ["GemmRunner", "activation_dtype", "emulated_gemm", "quant_linear", "tune_cpu_malloc"]
@@ -207,6 +213,6 @@ def quant_linear(
             f"quant_linear: x {tuple(x.shape)} and weight {tuple(weight.shape)} do not fit "
             "(need x (..., K) and weight (N, K))"
         )
-    if all(precision[g] == "bf16" for g in GEMMS):
+    if precision.is_reference:
         return F.linear(x, weight.to(x.dtype))  # the reference path, autograd as usual
     return _QuantLinearFn.apply(x, weight, precision, amax_reduce, generator, compiled, gemm)

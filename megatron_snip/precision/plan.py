@@ -81,6 +81,11 @@ class GemmPrecision:
     def __getitem__(self, gemm: str) -> str:
         return getattr(self, gemm)
 
+    @property
+    def is_reference(self) -> bool:
+        """Every GEMM BF16: the unquantized reference path (``F.linear``, precision/gemm.py)."""
+        return all(self[g] == "bf16" for g in GEMMS)
+
 
 def fp4_flops_share(entries: Mapping[GemmId, str], linear_numel: Mapping[str, int]) -> float:
     """Fraction of linear-layer training FLOPs whose GEMM runs in an FP4 format.

@@ -73,7 +73,8 @@ def build_optimizer(model: nn.Module, cfg: TrainingConfig, device: torch.device,
     groups = param_groups(model, cfg.weight_decay)
     kwargs = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps)
     if cfg.distributed_optimizer:
-        return DistributedOptimizer(groups, topo, fused=device.type == "cuda", **kwargs)
+        return DistributedOptimizer(groups, topo, fused=device.type == "cuda", bucket_mb=cfg.grad_bucket_mb,
+                                    overlap=cfg.overlap_grad_reduce, **kwargs)
     if device.type == "cuda":
         try:
             return _apex_adamw(groups, **kwargs)

@@ -167,7 +167,7 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, t, self.device, self.topo)
         # The distributed optimizer reduces into its own DP shards (parallel/distributed_optimizer.py).
         self.grads = (self.optimizer.reducer if isinstance(self.optimizer, DistributedOptimizer)
-                      else GradReducer(self.model.parameters(), self.topo))
+                      else GradReducer(self.model.parameters(), self.topo, t.grad_bucket_mb))
         # Stochastic rounding draws from one generator owned by the trainer and checkpointed. It is
         # seeded alike on every rank: DP replicas consume it identically, so DP rank 0's saved
         # state restores every replica exactly.
@@ -352,12 +352,13 @@ class Trainer:
 
     def _stage_forward(self, tokens: torch.Tensor, x: torch.Tensor | None) -> torch.Tensor:
         """This stage's part of one micro-batch (B, S+1): from the tokens on the first stage, else
-        from the received activation ``x``; the mean loss on the last stage, else the fp32 activation."""
+        from the received activation ``x``; the mean loss on the last stage, else the activation (in the
+        activation dtype: bf16 under autocast, as the residual stream runs, so it travels in half the bytes)."""
         with self._autocast():
             out = self.model(tokens[:, :-1] if self.topo.is_first_stage else x)
         if self.topo.is_last_stage:
             return self.model.loss(out, tokens[:, 1:])
-        return out.float()  # the residual stream is fp32; it travels as fp32
+        return out
 
     def _activation_shape(self, tokens: torch.Tensor) -> tuple[int, int, int]:
         """Shape of the hidden states passed between pipeline stages for a (B, S+1) micro-batch."""
@@ -375,7 +376,7 @@ class Trainer:
             return out / n if self.topo.is_last_stage else out
 
         return self.schedule(stage_step, n, self.topo, activation_shape=self._activation_shape(micro[0]),
-                             dtype=torch.float32, device=self.device, forward_only=forward_only)
+                             dtype=self.autocast_dtype or torch.float32, device=self.device, forward_only=forward_only)
 
     def forward_backward(self, micro: list[torch.Tensor]) -> torch.Tensor:
         """Accumulate gradients of the mean loss over ``micro`` (this rank's micro-batches,
@@ -383,8 +384,10 @@ class Trainer:
         stage and TP rank; not averaged over DP), through this layout's schedule.
 
         No optimizer step and no gradient reduction over DP (``train_step`` does that via
-        ``self.grads.reduce()``) - the SNIP statistics pass reuses this on its probe batches."""
-        return self._run_schedule(micro, forward_only=False)
+        ``self.grads.reduce()``) - the SNIP statistics pass reuses this on its probe batches.
+        Autocast weight copies are made once for all of ``micro`` (``LlamaModel.weight_copies_for_step``)."""
+        with self.model.weight_copies_for_step():
+            return self._run_schedule(micro, forward_only=False)
 
     @torch.no_grad()
     def evaluate_batch(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -398,7 +401,9 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
-        total = self.forward_backward(self.micro_batches(step))
+        micro = self.micro_batches(step)
+        self.grads.start_step(len(micro))  # the overlapped reduction counts these backward passes
+        total = self.forward_backward(micro)
         self.grads.reduce()
         loss = comm.all_reduce_mean(total.detach().clone().float(), self.topo.dp_group)
         clip = self.cfg.training.grad_clip or math.inf

@@ -123,6 +123,17 @@ def test_pp2_matches_pp1(cache_dir, tmp_path, ref3, schedule):
     _compare(res, ref3, loss_rtol=1e-6, tensor_rtol=1e-5)
 
 
+def test_pp2_matches_pp1_under_bf16_autocast(cache_dir, tmp_path):
+    """The residual stream runs in BF16 under autocast and travels between stages in BF16: the
+    stages run the single process's ops on the same BF16 values, so losses and first-step
+    gradients are the reference's (tolerances as in fp32: only the per-stage norm sums differ)."""
+    over = BASE + [f"data.cache_dir={cache_dir}", "training.max_steps=2", "training.dtype=bfloat16"]
+    ref = _run(None, over + [f"training.run_dir={tmp_path / 'pp1'}"], 2)
+    res = run_ranks(_worker, 2, args=(over + ["parallel.pp=2", f"training.run_dir={tmp_path / 'pp2'}"], 2),
+                    timeout_s=90)
+    _compare(res, ref, loss_rtol=1e-6, tensor_rtol=1e-5)
+
+
 def _pp4_worker(rank: int, world: int, runs: list[list[str]]) -> list[dict]:
     topo = _init(runs[0])
     return [_run(topo, over, 2) for over in runs]

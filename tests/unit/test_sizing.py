@@ -68,23 +68,24 @@ def test_70b_memory_per_rank(s70):
     assert first.weight_bytes == 4 * 1_102_479_360
     assert first.grad_bytes == 4 * 1_102_479_360
     assert first.optimizer_bytes == 8 * 1_102_479_360
-    # BF16 autocast, BF16 plan, SP over TP=8, as the code saves (sizing.activation_bytes):
-    # fp32 norms 2*(8d+4)/8 = 16385, the gathered BF16 qkv and fc1 inputs 2*2d = 32768,
-    # attention (2*(h+g)*hd + 2*(h+2g)*hd + 4h + 2*h*hd)/8 = 55552/8 = 6944, SwiGLU 8f/8 = 28672.
-    assert s70.activation_bytes_per_token_layer == 16_385 + 32_768 + 6_944 + 28_672 == 84_769
-    # Autocast's BF16 weight copies, per block and micro-batch in flight: 2 B per local linear parameter.
+    # BF16 autocast, BF16 plan, SP over TP=8, as the code saves (sizing.activation_bytes): everything
+    # BF16; the norms' inputs (the residual stream's sequence shard) 2*2d/8 = 4096, the gathered
+    # qkv and fc1 inputs 2*2d = 32768, attention (2*(h+2g)*hd + 4h + 2*h*hd)/8 = 37120/8 = 4640,
+    # SwiGLU (fc1's output and fc2's input) 6f/8 = 21504.
+    assert s70.activation_bytes_per_token_layer == 4_096 + 32_768 + 4_640 + 21_504 == 63_008
+    # Autocast's BF16 weight copies: 2 B per local linear parameter, once per step (shared by the micro-batches).
     copies = 2 * LINEARS_PER_BLOCK // 8
     assert s70.activations.weight_copies_per_block == copies
     # 1F1B: the first stage holds pp = 8 micro-batches of its 10 blocks, 4096 tokens each.
     assert first.in_flight == 8 and last.in_flight == 1
-    assert first.activation_bytes == 8 * 10 * (4096 * 84_769 + copies)
-    # Last stage: one micro-batch + LM head (fp32 final norm (8d+4)/8, its BF16 input 2d, fp32 softmax
-    # 4*V/8, int64 targets 8; the head weight's BF16 copy 2*V*d/8).
-    head = (8 * 8192 + 4) // 8 + 2 * 8192 + 4 * 32000 // 8 + 8
-    assert last.activation_bytes == 10 * (4096 * 84_769 + copies) + 4096 * head + 2 * 32000 * 8192 // 8
-    assert first.total_bytes == 16 * 1_102_479_360 + 8 * 10 * (4096 * 84_769 + copies)
+    assert first.activation_bytes == 8 * 10 * 4096 * 63_008 + 10 * copies
+    # Last stage: one micro-batch + LM head (the final norm's BF16 input shard 2d/8, its BF16 output
+    # 2d gathered for the head, fp32 softmax 4*V/8, int64 targets 8; the head weight's BF16 copy 2*V*d/8).
+    head = 2 * 8192 // 8 + 2 * 8192 + 4 * 32000 // 8 + 8
+    assert last.activation_bytes == 10 * (4096 * 63_008 + copies) + 4096 * head + 2 * 32000 * 8192 // 8
+    assert first.total_bytes == 16 * 1_102_479_360 + 8 * 10 * 4096 * 63_008 + 10 * copies
     assert s70.peak_stage.stage == 0
-    assert 58 * GIB < first.total_bytes < 59 * GIB  # fits an 80 GiB H100, 21 GiB left for probes and buffers
+    assert 37 * GIB < first.total_bytes < 38 * GIB  # fits an 80 GiB H100, 42 GiB left for probes and buffers
 
 
 def test_70b_flops(s70):
@@ -149,7 +150,7 @@ def test_in_flight_micro_batches_follow_the_schedule():
     gpipe = sizing.estimate(load_config(CFG_70B, ["training.global_batch_size=4", "parallel.pp_schedule=gpipe"]), 64)
     assert [s.in_flight for s in gpipe.stages] == [4] * 8
     no_sp = sizing.estimate(load_config(CFG_70B, ["parallel.sequence_parallel=false"]), 64)
-    assert no_sp.activation_bytes_per_token_layer == 2 * (8 * 8192 + 4) + 32_768 + 6_944 + 28_672  # norms not /8
+    assert no_sp.activation_bytes_per_token_layer == 2 * 2 * 8192 + 32_768 + 4_640 + 21_504  # norms not /8
 
 
 def test_block_divisibility_limits_candidates():
@@ -171,9 +172,8 @@ def test_block_divisibility_limits_candidates():
 def test_fp32_activations_and_tiny_report():
     tiny = sizing.estimate(load_config("launch/configs/tiny.toml", ["training.dtype=float32"]), 1)
     d, f, h, g, hd = 256, 768, 4, 2, 64
-    # fp32: norms 2*(8d+4) + linear inputs 8d; RoPE'd q, k 4(h+g)hd + qkv (via v) 4(h+2g)hd + 4h + output 4h*hd; 16f
-    assert tiny.activation_bytes_per_token_layer == (24 * d + 8 + 4 * (h + g) * hd + 4 * (h + 2 * g) * hd + 4 * h
-                                                     + 4 * h * hd + 16 * f)
+    # fp32: norm inputs 8d + linear inputs 8d; RoPE'd q, k and v's copy 4(h+2g)hd + 4h + output 4h*hd; 12f
+    assert tiny.activation_bytes_per_token_layer == 16 * d + 4 * (h + 2 * g) * hd + 4 * h + 4 * h * hd + 12 * f
     assert tiny.activations.weight_copies_per_block == 0  # fp32: no autocast copies
     assert tiny.vocab_size == 320 and tiny.params_total == 3_311_872  # "tiny: a 3.3M-parameter Llama"
     text = sizing.dry_run_report(load_config("launch/configs/tiny.toml"), 1)
@@ -202,8 +202,8 @@ def test_70b_recompute_and_distributed_optimizer():
     selective = first_stage("training.recompute=selective")
     full = first_stage("training.recompute=full")
     assert selective.activation_bytes < none.activation_bytes
-    # full: each block keeps its fp32 input 4d/8 per token (SP); no weight copies are kept.
-    assert full.activation_bytes == 8 * 10 * 4096 * (4 * 8192 // 8)
+    # full: each block keeps its BF16 input 2d/8 per token (SP); no weight copies are kept.
+    assert full.activation_bytes == 8 * 10 * 4096 * (2 * 8192 // 8)
     assert full.activation_bytes < 0.15 * none.activation_bytes
     half = first_stage("training.recompute=full", "training.recompute_every=2")
     assert half.activation_bytes == (none.activation_bytes + full.activation_bytes) // 2
