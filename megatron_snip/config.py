@@ -199,8 +199,9 @@ class TrainingConfig:
     adam_eps: float = 1e-8
     grad_clip: float = 1.0  # global grad-norm clip; 0 disables
     distributed_optimizer: bool = False  # ZeRO-1: AdamW moments sharded over DP (parallel/distributed_optimizer.py)
-    # Distributed optimizer: start each bucket's reduce-scatter as soon as the last micro-batch's
-    # backward has finished its gradients, overlapping backward (parallel/ddp.py; same bits).
+    # Start each bucket's gradient reduction (the DP all-reduce, or the distributed optimizer's
+    # reduce-scatter) as soon as the last micro-batch's backward has finished its gradients,
+    # overlapping backward; waited for before clipping (parallel/ddp.py; the same bits).
     overlap_grad_reduce: bool = False
     grad_bucket_mb: float = 25.0  # gradient reduction bucket size (all-reduce, or ZeRO-1's reduce-scatter)
     recompute: str = "none"  # activation recompute: "none", "selective" (core attention) or "full" (whole blocks)
@@ -263,9 +264,6 @@ class TrainingConfig:
             raise _err("training.recompute_every", self.recompute_every, "must be >= 1 (1 = every block)")
         if self.grad_bucket_mb <= 0:
             raise _err("training.grad_bucket_mb", self.grad_bucket_mb, "must be > 0 (MiB per reduction bucket)")
-        if self.overlap_grad_reduce and not self.distributed_optimizer:
-            raise _err("training.overlap_grad_reduce", self.overlap_grad_reduce,
-                       "overlaps the distributed optimizer's reduce-scatter only; set training.distributed_optimizer=true")
         if self.save_interval < 0:
             raise _err("training.save_interval", self.save_interval, "must be >= 0 (0 = save at the end only)")
         if not self.run_dir:

@@ -1,28 +1,29 @@
 """Gradient reduction and global-norm clipping for TP x PP x DP.
 
-Choice: without the distributed optimizer, gradients are reduced by a bucketed all-reduce
-*after* backward (not torch DDP's hooks). That works unchanged with the pipeline schedule's
-many backward calls per step and with SNIP probe passes (which must not touch other
-replicas' gradients), and gives the same result on gloo and NCCL. The distributed optimizer's
-reduce-scatter can overlap backward (below); the all-reduce path does not (yet).
+Choice: gradients are reduced by our own bucketed collectives (not torch DDP's module
+wrapper), which work unchanged with the pipeline schedule's many backward calls per step and
+with SNIP probe passes (which must not touch other replicas' gradients), and give the same
+result on gloo and NCCL. Without the distributed optimizer (``GradReducer``) each bucket is
+all-reduced and averaged over DP; with it (``ShardedGradReducer``, ZeRO-1,
+``training.distributed_optimizer``) step 2 becomes a reduce-scatter, so each DP rank ends with
+the averaged gradient of only its shard, and the norm of step 3 sums the shards over DP;
+``all_gather_params`` brings the updated shards back to every replica.
 
-``ShardedGradReducer`` is the distributed optimizer's variant (ZeRO-1,
-``training.distributed_optimizer``): step 2 becomes a bucketed reduce-scatter, so each DP
-rank ends with the averaged gradient of only its shard, and the norm of step 3 sums the
-shards over DP; ``all_gather_params`` brings the updated shards back to every replica.
-
-Its overlap (``training.overlap_grad_reduce``), as torch DDP's reducer does it: a
-post-accumulate-grad hook on every parameter counts the backward passes of the step
-(``start_step(m)`` arms it for m micro-batches; SNIP's probe passes run unarmed); once a
-parameter has its m-th gradient it is final, and once every parameter of a bucket is final
-the bucket's reduce-scatter starts asynchronously while backward goes on. Buckets start in
-one fixed order on every DP rank (descending index, about the order backward finishes them,
-as DDP buckets in reverse parameter order) so the collectives line up; a bucket that is not
-finished when its turn comes holds the later ones back until ``reduce``, which starts what is
-left and waits. Buckets holding sequence-parallel parameters wait for ``reduce`` too (their
-TP sum must come first, unchanged). Each reduce-scatter reduces the very bucket the
-non-overlapped path would, so the shards are the same bits. At most two buckets are in
-flight: their flat copies are the overlap's only extra memory.
+Overlap (``training.overlap_grad_reduce``), one mechanism in ``GradReducer`` for both, as torch
+DDP's reducer and Megatron's ``--overlap-grad-reduce`` do it: a post-accumulate-grad hook on
+every parameter counts the backward passes of the step (``start_step(m)`` arms it for m
+micro-batches; SNIP's probe passes run unarmed); once a parameter has its m-th gradient it is
+final, and once every parameter of a bucket is final the bucket's collective (all-reduce or
+reduce-scatter: the subclass's ``_start``) starts asynchronously while backward goes on.
+Buckets start in one fixed order on every DP rank (descending index, about the order backward
+finishes them, as DDP buckets in reverse parameter order) so the collectives line up; a bucket
+that is not finished when its turn comes holds the later ones back until ``reduce``, which
+starts what is left and waits for all (before clipping and the optimizer step). Buckets
+holding sequence-parallel parameters wait for ``reduce`` too (their TP sum must come first,
+unchanged); the all-reduce path buckets them apart so they hold back no other parameter (under
+TP, ZeRO-1's replicated buckets are those norm weights anyway). Each collective
+reduces the very bucket the non-overlapped path would, so the results are the same bits. At
+most two buckets are in flight: their flat copies are the overlap's only extra memory.
 
 Per step, after all micro-batches' backward:
   1. ``sequence_parallel`` params (norm weights under SP): grads summed over the TP group
@@ -35,8 +36,9 @@ Per step, after all micro-batches' backward:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -72,63 +74,179 @@ def clip_by_norm_(grads: list[torch.Tensor], norm: torch.Tensor, max_norm: float
         torch._foreach_mul_(grads, coef.to(grads[0].device))
 
 
+def partition(tensors: list, key: Callable[[Any], Hashable], bucket_bytes: int) -> list[list]:
+    """Split ``tensors`` (parameters or gradients) into buckets of about ``bucket_bytes``: per
+    ``key`` (in the order keys first appear), consecutive tensors until the bucket reaches the
+    size; a tensor is never split across buckets. The same on every rank given the same list."""
+    by_key: dict[Hashable, list] = {}
+    for t in tensors:
+        by_key.setdefault(key(t), []).append(t)
+    buckets: list[list] = []
+    for ts in by_key.values():
+        current, size = [], 0
+        for t in ts:
+            current.append(t)
+            size += t.numel() * t.element_size()
+            if size >= bucket_bytes:
+                buckets.append(current)
+                current, size = [], 0
+        if current:
+            buckets.append(current)
+    return buckets
+
+
+def _start_all_reduce(grads: list[torch.Tensor], group: object) -> tuple[torch.Tensor, object]:
+    """Start summing ``grads`` (one dtype) over ``group`` (two or more ranks) as one flat
+    tensor: (the flat copy, summed once ``work.wait()`` returns; the work handle)."""
+    flat = _flatten_dense_tensors(grads)
+    return flat, dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group, async_op=True)
+
+
+def _finish_all_reduce(grads: list[torch.Tensor], flat: torch.Tensor, work: object, n: int, *, average: bool) -> None:
+    """Wait for ``_start_all_reduce``'s ``work`` and write the sum (or the mean over ``n`` ranks) into ``grads``."""
+    work.wait()
+    if average:
+        flat.div_(n)
+    for g_old, g_new in zip(grads, _unflatten_dense_tensors(flat, grads)):
+        g_old.copy_(g_new)
+
+
 def _bucketed_all_reduce(grads: list[torch.Tensor], group: object, bucket_bytes: int, *, average: bool) -> None:
-    """Sum (or average) ``grads`` in place over ``group``, a few flat buckets per dtype at a time."""
+    """Sum (or average) ``grads`` in place over ``group``, one flat bucket per dtype at a time."""
     n = comm.group_size(group)
     if n == 1 or not grads:
         return
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for g in grads:
-        by_dtype.setdefault(g.dtype, []).append(g)
-    for dtype_grads in by_dtype.values():
-        bucket: list[torch.Tensor] = []
-        size = 0
-        for g in dtype_grads + [None]:  # None flushes the last bucket
-            if g is not None:
-                bucket.append(g)
-                size += g.numel() * g.element_size()
-            if bucket and (g is None or size >= bucket_bytes):
-                flat = _flatten_dense_tensors(bucket)
-                comm.all_reduce_sum(flat, group)
-                if average:
-                    flat.div_(n)
-                for g_old, g_new in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
-                    g_old.copy_(g_new)
-                bucket, size = [], 0
+    for bucket in partition(grads, lambda g: g.dtype, bucket_bytes):
+        _finish_all_reduce(bucket, *_start_all_reduce(bucket, group), n, average=average)
+
+
+def _sequence_parallel(p: nn.Parameter, topo: ParallelTopology) -> bool:
+    """Whether p's gradient is summed over TP before the DP reduction (a norm weight under SP)."""
+    return topo.tp > 1 and bool(getattr(p, "sequence_parallel", False))
 
 
 class GradReducer:
-    """Reduces and clips the gradients of one rank's parameters (its TP shard of its PP stage).
+    """Reduces and clips the gradients of one rank's parameters (its TP shard of its PP stage):
+    each bucket all-reduced (sum) over the DP group and divided by dp, after backward or, with
+    ``overlap``, started during the step's last backward pass (module docstring).
 
     Args:
         params: this rank's parameters (``model.parameters()``), in the same order on every
             DP replica (true when replicas are built from the same config).
         topo: the topology (groups: tp for sequence-parallel grads, dp for averaging, mp for norms).
-        bucket_mb: all-reduce bucket size.
+        bucket_mb: bucket size (``training.grad_bucket_mb``).
+        overlap: start each bucket's collective from the gradient hooks (``training.overlap_grad_reduce``);
+            only where dp > 1.
+        buckets: the parameters of each bucket (a subclass's layout); default: ``partition`` by
+            dtype and sequence-parallel-ness.
     """
 
-    def __init__(self, params: Iterable[nn.Parameter], topo: ParallelTopology, bucket_mb: float = 25.0) -> None:
+    MAX_IN_FLIGHT = 2  # overlapped buckets launched and not yet waited for (bounds their flat copies)
+
+    def __init__(self, params: Iterable[nn.Parameter], topo: ParallelTopology, bucket_mb: float = 25.0, *,
+                 overlap: bool = False, buckets: list[list[nn.Parameter]] | None = None) -> None:
         self.params = [p for p in params if p.requires_grad]
         self.topo = topo
         self.bucket_bytes = int(bucket_mb * 2**20)
+        # Sequence-parallel params apart: a bucket holding one waits for ``reduce`` (TP sum first).
+        self.bucket_params = buckets if buckets is not None else partition(
+            self.params, lambda p: (p.dtype, _sequence_parallel(p, topo)), self.bucket_bytes)
+        self.overlap = overlap and topo.dp > 1
+        # Without overlap the buckets run one after the other in ``reduce`` (one flat copy at a time).
+        self._max_in_flight = self.MAX_IN_FLIGHT if self.overlap else 1
+        # The order buckets start in, the same on every DP rank: backward finishes the last
+        # parameters first; sequence-parallel buckets last (their TP sum runs in ``reduce``).
+        sp = {i for i, ps in enumerate(self.bucket_params) if any(_sequence_parallel(p, topo) for p in ps)}
+        self._order = ([i for i in reversed(range(len(self.bucket_params))) if i not in sp]
+                       + sorted(sp, reverse=True))
+        self._hookable = len(self._order) - len(sp)  # the hooks may start _order[:_hookable]
+        self._bucket_of = {id(p): i for i, ps in enumerate(self.bucket_params) for p in ps}
+        self._armed_for = 0  # backward passes of the step being counted (0: hooks idle)
+        self._in_flight: list[tuple[int, object, torch.Tensor | None]] = []  # (bucket, work, flat input)
+        self._reset()
+        self.launched_in_backward = 0  # buckets the hooks started during the last step (for tests, logs)
+        if self.overlap:
+            for p in self.params:
+                p.register_post_accumulate_grad_hook(self._on_grad)
 
+    # --- overlap ---------------------------------------------------------------------------------
+    def _reset(self) -> None:
+        assert not self._in_flight, "a bucket's collective was left in flight"
+        self._accumulated: dict[int, int] = {}  # id(param) -> gradients accumulated this step
+        self._finished = [0] * len(self.bucket_params)  # params of each bucket with their final gradient
+        self._next = 0  # position in _order of the next bucket to start
+
+    def start_step(self, micro_batches: int) -> None:
+        """Called before a step's ``micro_batches`` backward passes: arms the overlap's hooks to count them."""
+        if self.overlap:
+            self._in_flight = []
+            self._reset()
+            self._armed_for, self.launched_in_backward = micro_batches, 0
+
+    def _on_grad(self, p: nn.Parameter) -> None:
+        """Post-accumulate-grad hook: p's gradient of one backward pass is in ``p.grad``."""
+        if not self._armed_for:
+            return
+        n = self._accumulated[id(p)] = self._accumulated.get(id(p), 0) + 1
+        if n == self._armed_for:  # p's gradient is final for this step
+            self._finished[self._bucket_of[id(p)]] += 1
+            while self._next < self._hookable and self._ready(self._order[self._next]):
+                self._launch(self._order[self._next])
+                self._next += 1
+                self.launched_in_backward += 1
+
+    def _ready(self, i: int) -> bool:
+        return self._finished[i] == len(self.bucket_params[i])
+
+    def _launch(self, i: int) -> None:
+        """Start bucket ``i``'s collective (waiting first for the oldest if the limit is in flight)."""
+        if len(self._in_flight) >= self._max_in_flight:
+            self._wait_oldest()
+        self._in_flight.append((i, *self._start(i)))
+
+    def _wait_oldest(self) -> None:
+        i, work, flat = self._in_flight.pop(0)
+        self._finish(i, work, flat)  # the flat input is freed after this
+
+    def _start(self, i: int) -> tuple[object, torch.Tensor | None]:
+        """Start bucket ``i``'s DP all-reduce: (work handle, flat copy), or (None, None) at dp=1."""
+        if self.topo.dp == 1:
+            return None, None
+        grads = []
+        for p in self.bucket_params[i]:
+            # A parameter without a gradient contributes zeros, so every rank reduces the same buckets.
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+        flat, work = _start_all_reduce(grads, self.topo.dp_group)
+        return work, flat
+
+    def _finish(self, i: int, work: object, flat: torch.Tensor | None) -> None:
+        """Wait for bucket ``i``'s all-reduce and write the DP mean into its params' ``grad``."""
+        if work is not None:
+            _finish_all_reduce([p.grad for p in self.bucket_params[i]], flat, work, self.topo.dp, average=True)
+
+    # --- the step's reduction ----------------------------------------------------------------------
     def _reduce(self, params: list[nn.Parameter], group: object, *, average: bool) -> None:
         if comm.group_size(group) == 1 or not params:
             return
-        # A parameter without a gradient contributes zeros, so every rank reduces the same buckets.
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         _bucketed_all_reduce([p.grad for p in params], group, self.bucket_bytes, average=average)
 
-    def start_step(self, micro_batches: int) -> None:
-        """Called before a step's ``micro_batches`` backward passes (the overlapped reducer counts them)."""
-
     def reduce(self) -> None:
-        """Steps 1 and 2 of the module docstring (call once per optimizer step, after backward)."""
-        sp = [p for p in self.params if getattr(p, "sequence_parallel", False)]
+        """Steps 1 and 2 of the module docstring (call once per optimizer step, after backward): SP
+        grads summed over TP, then every bucket's DP collective (``_start``/``_finish``); with
+        overlap, the buckets the hooks started are only waited for here."""
+        sp = [p for p in self.params if _sequence_parallel(p, self.topo)]
         self._reduce(sp, self.topo.tp_group, average=False)
-        self._reduce(self.params, self.topo.dp_group, average=True)
+        self._armed_for = 0
+        for i in self._order[self._next:]:
+            self._launch(i)
+        while self._in_flight:
+            self._wait_oldest()
+        self._reset()
 
     def global_norm(self) -> torch.Tensor:
         """L2 norm of the whole model's gradient (fp32 scalar, the same on every rank of a replica)."""
@@ -190,26 +308,17 @@ class ShardBucket:
 
 
 def shard_buckets(groups: list[list[nn.Parameter]], dp: int, bucket_bytes: int) -> list[ShardBucket]:
-    """Split each group's params into buckets of about ``bucket_bytes`` (a param is never split
-    across buckets), keyed by (group, dtype, TP-sharded). The same on every DP replica."""
+    """Split each group's params into buckets of about ``bucket_bytes`` (``partition``: a param is
+    never split across buckets), keyed by (group, dtype, TP-sharded). The same on every DP replica."""
     buckets: list[ShardBucket] = []
     for gi, params in enumerate(groups):
-        by_key: dict[tuple, list[nn.Parameter]] = {}
-        for p in params:
-            by_key.setdefault((p.dtype, bool(getattr(p, "tensor_parallel", False))), []).append(p)
-        for (_, tensor_parallel), ps in by_key.items():
-            current: list[nn.Parameter] = []
-            for p in ps + [None]:  # None flushes the last bucket
-                if p is not None:
-                    current.append(p)
-                size = sum(q.numel() * q.element_size() for q in current)
-                if current and (p is None or size >= bucket_bytes):
-                    offsets = [0]
-                    for q in current[:-1]:
-                        offsets.append(offsets[-1] + q.numel())
-                    numel = offsets[-1] + current[-1].numel()
-                    buckets.append(ShardBucket(current, gi, offsets, numel, -(-numel // dp), tensor_parallel))
-                    current = []
+        for ps in partition(params, lambda p: (p.dtype, bool(getattr(p, "tensor_parallel", False))), bucket_bytes):
+            offsets = [0]
+            for q in ps[:-1]:
+                offsets.append(offsets[-1] + q.numel())
+            numel = offsets[-1] + ps[-1].numel()
+            tensor_parallel = bool(getattr(ps[0], "tensor_parallel", False))
+            buckets.append(ShardBucket(ps, gi, offsets, numel, -(-numel // dp), tensor_parallel))
     return buckets
 
 
@@ -227,89 +336,30 @@ class ShardedGradReducer(GradReducer):
             docstring); only where dp > 1.
     """
 
-    MAX_IN_FLIGHT = 2  # overlapped buckets launched and not yet waited for (bounds their flat copies)
-
     def __init__(self, groups: list[list[nn.Parameter]], topo: ParallelTopology, bucket_mb: float = 25.0, *,
                  overlap: bool = False) -> None:
-        super().__init__([p for g in groups for p in g], topo, bucket_mb)
-        self.buckets = shard_buckets(groups, topo.dp, self.bucket_bytes)
+        self.buckets = shard_buckets(groups, topo.dp, int(bucket_mb * 2**20))
+        super().__init__([p for g in groups for p in g], topo, bucket_mb, overlap=overlap,
+                         buckets=[b.params for b in self.buckets])
         self.grad_shards: list[torch.Tensor | None] = [None] * len(self.buckets)
-        self.overlap = overlap and topo.dp > 1
-        # The order buckets start in, the same on every DP rank: backward finishes the last
-        # parameters first; sequence-parallel buckets last (their TP sum runs in ``reduce``).
-        sp = {i for i, b in enumerate(self.buckets)
-              if topo.tp > 1 and any(getattr(p, "sequence_parallel", False) for p in b.params)}
-        self._order = [i for i in reversed(range(len(self.buckets))) if i not in sp] + sorted(sp, reverse=True)
-        self._hookable = len(self._order) - len(sp)  # the hooks may start _order[:_hookable]
-        self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b.params}
-        self._armed_for = 0  # backward passes of the step being counted (0: hooks idle)
-        self._accumulated: dict[int, int] = {}  # id(param) -> gradients accumulated this step
-        self._finished = [0] * len(self.buckets)  # params of each bucket with their final gradient
-        self._next = 0  # position in _order of the next bucket to start
-        self._in_flight: list[tuple[int, object, torch.Tensor]] = []  # (bucket, work, flat input)
-        self.launched_in_backward = 0  # buckets the hooks started during the last step (for tests, logs)
-        if self.overlap:
-            for p in self.params:
-                p.register_post_accumulate_grad_hook(self._on_grad)
 
-    # --- overlap ---------------------------------------------------------------------------------
-    def start_step(self, micro_batches: int) -> None:
-        """Arm the hooks for the ``micro_batches`` backward passes of one optimizer step."""
-        if self.overlap:
-            self._armed_for, self._accumulated = micro_batches, {}
-            self._finished, self._next, self._in_flight = [0] * len(self.buckets), 0, []
-            self.launched_in_backward = 0
-
-    def _on_grad(self, p: nn.Parameter) -> None:
-        """Post-accumulate-grad hook: p's gradient of one backward pass is in ``p.grad``."""
-        if not self._armed_for:
-            return
-        n = self._accumulated[id(p)] = self._accumulated.get(id(p), 0) + 1
-        if n == self._armed_for:  # p's gradient is final for this step
-            self._finished[self._bucket_of[id(p)]] += 1
-            while self._next < self._hookable and self._ready(self._order[self._next]):
-                self._launch(self._order[self._next])
-                self._next += 1
-                self.launched_in_backward += 1
-
-    def _ready(self, i: int) -> bool:
-        return self._finished[i] == len(self.buckets[i].params)
-
-    def _launch(self, i: int) -> None:
-        """Start bucket ``i``'s reduce-scatter over DP (waiting first if two are in flight)."""
-        if len(self._in_flight) >= self.MAX_IN_FLIGHT:
-            self._wait_oldest()
+    def _start(self, i: int) -> tuple[object, torch.Tensor | None]:
+        """Start bucket ``i``'s reduce-scatter (sum) over DP into ``grad_shards[i]``: (work, flat input);
+        at dp=1 the flat bucket is the shard (work None)."""
         b = self.buckets[i]
         flat = b.flatten([p.grad for p in b.params], self.topo.dp)
-        shard, work = reduce_scatter_sum_async(flat, self.topo.dp_group)
-        self.grad_shards[i] = shard
-        self._in_flight.append((i, work, flat))
+        if self.topo.dp == 1:
+            self.grad_shards[i] = flat
+            return None, None
+        self.grad_shards[i], work = reduce_scatter_sum_async(flat, self.topo.dp_group)
+        return work, flat
 
-    def _wait_oldest(self) -> None:
-        i, work, _ = self._in_flight.pop(0)  # the flat input is freed here
-        work.wait()
-        self.grad_shards[i].div_(self.topo.dp)
-
-    # --- the step's reduction ----------------------------------------------------------------------
-    def reduce(self) -> None:
-        """SP grads summed over TP, then per bucket: reduce-scatter (sum) over DP and divide by dp
-        (the same two operations as the all-reduce path, so at DP=2 the shards are bitwise its values).
-        With overlap, buckets the hooks started are only waited for here."""
-        sp = [p for p in self.params if getattr(p, "sequence_parallel", False)]
-        self._reduce(sp, self.topo.tp_group, average=False)
-        dp = self.topo.dp
-        if self.overlap:
-            self._armed_for = 0
-            for i in self._order[self._next:]:
-                self._launch(i)
-            self._next = len(self._order)
-            while self._in_flight:
-                self._wait_oldest()
-            return
-        for i, b in enumerate(self.buckets):
-            flat = b.flatten([p.grad for p in b.params], dp)
-            shard = reduce_scatter_sum(flat, self.topo.dp_group)
-            self.grad_shards[i] = shard.div_(dp) if dp > 1 else shard
+    def _finish(self, i: int, work: object, flat: torch.Tensor | None) -> None:
+        """Wait for bucket ``i``'s reduce-scatter and divide its shard by dp (the all-reduce path's
+        two operations, so at DP=2 the shards are bitwise its values)."""
+        if work is not None:
+            work.wait()
+            self.grad_shards[i].div_(self.topo.dp)
 
     def clear(self) -> None:
         self.grad_shards = [None] * len(self.buckets)
@@ -343,20 +393,10 @@ class ShardedGradReducer(GradReducer):
             p.copy_(flat[off:off + p.numel()].view_as(p))
 
 
-def reduce_scatter_sum(flat: torch.Tensor, group: object) -> torch.Tensor:
-    """Sum ``flat`` (numel a multiple of the group size) over ``group``; returns this rank's
-    contiguous 1/n of the sum (a new tensor; ``flat`` itself when the group has one rank)."""
-    n = comm.group_size(group)
-    if n == 1:
-        return flat
-    out = torch.empty(flat.numel() // n, dtype=flat.dtype, device=flat.device)
-    dist.reduce_scatter_tensor(out, flat, op=dist.ReduceOp.SUM, group=group)
-    return out
-
-
 def reduce_scatter_sum_async(flat: torch.Tensor, group: object) -> tuple[torch.Tensor, object]:
-    """``reduce_scatter_sum`` started asynchronously (a group of two or more ranks): (the output
-    shard, filled once ``work.wait()`` returns; the work handle). ``flat`` must live until then."""
+    """Start summing ``flat`` (numel a multiple of the group size) over ``group`` (two or more ranks),
+    keeping this rank's contiguous 1/n: (the output shard, filled once ``work.wait()`` returns; the
+    work handle). ``flat`` must live until then."""
     out = torch.empty(flat.numel() // comm.group_size(group), dtype=flat.dtype, device=flat.device)
     work = dist.reduce_scatter_tensor(out, flat, op=dist.ReduceOp.SUM, group=group, async_op=True)
     return out, work

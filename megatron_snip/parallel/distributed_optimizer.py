@@ -30,7 +30,8 @@ format (Megatron's "gather to DP rank 0" parameter-state format), so a checkpoin
 depend on dp or on this option: an unsharded run's checkpoint loads here and vice versa.
 
 With ``training.overlap_grad_reduce`` the reduce-scatters start during the last micro-batch's
-backward, bucket by bucket, as their gradients are finished (``ShardedGradReducer``, overlap).
+backward, bucket by bucket, as their gradients are finished (``parallel/ddp.GradReducer``'s overlap,
+the same hooks as the plain all-reduce's).
 """
 
 from __future__ import annotations

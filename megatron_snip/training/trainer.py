@@ -10,7 +10,8 @@ precision map, log and metrics lines, W&B, checkpointed state).
 Parallelism: the model is this rank's TP shard of its PP stage (``LlamaModel(layers=...,
 tp=...)``); ``forward_backward`` runs the layout's schedule of ``parallel/pipeline.py`` (no
 pipeline, 1F1B or GPipe); after it, ``GradReducer`` sums sequence-parallel grads over TP,
-averages all grads over DP and clips by the global norm over TP x PP (with
+averages all grads over DP (with ``training.overlap_grad_reduce``: waits for the buckets its
+hooks started during backward) and clips by the global norm over TP x PP (with
 ``training.distributed_optimizer``: the ZeRO-1 optimizer's reducer, which reduce-scatters instead). The loss (broadcast
 from the last stage, averaged over DP) and the skip decision are identical on every rank.
 
@@ -167,7 +168,8 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, t, self.device, self.topo)
         # The distributed optimizer reduces into its own DP shards (parallel/distributed_optimizer.py).
         self.grads = (self.optimizer.reducer if isinstance(self.optimizer, DistributedOptimizer)
-                      else GradReducer(self.model.parameters(), self.topo, t.grad_bucket_mb))
+                      else GradReducer(self.model.parameters(), self.topo, t.grad_bucket_mb,
+                                       overlap=t.overlap_grad_reduce))
         # Stochastic rounding draws from one generator owned by the trainer and checkpointed. It is
         # seeded alike on every rank: DP replicas consume it identically, so DP rank 0's saved
         # state restores every replica exactly.

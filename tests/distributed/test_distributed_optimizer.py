@@ -7,16 +7,19 @@ shard), so with clipping off (grad_clip=0: coef exactly 1) losses, weights and S
 are bitwise equal. With clipping on, the global norm is summed in another order (per shard,
 then over DP), which moves the clip coefficient in the last bits: losses agree to 1e-6.
 
-The reduce-scatter overlapped with backward (training.overlap_grad_reduce) against the same
-optimizer reducing after backward: the same losses, gradient norms and weights, bit for bit (each
-bucket's reduce-scatter reduces the same finished gradients, only earlier), and the buckets
-really start during backward. Small buckets (training.grad_bucket_mb) give about one parameter
+The gradient reduction overlapped with backward (training.overlap_grad_reduce), for the
+distributed optimizer's reduce-scatter and for the plain all-reduce, against the same optimizer
+reducing after backward: the same losses, gradient norms and weights, bit for bit (each
+bucket's collective reduces the same finished gradients, only earlier), and the buckets really
+start during backward. Small buckets (training.grad_bucket_mb) give about one parameter
 per bucket, so the order in which buckets start and finish is exercised; two micro-batches per
 rank, so a gradient is only final at its second accumulation; fp32 BF16 plan and BF16 autocast
 with an NVFP4 plan (stochastic rounding in backward: the hooks must not disturb its draws).
 """
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 import torch
@@ -180,19 +183,20 @@ def test_snip_replans_on_the_distributed_optimizer(tmp_path):
         assert len(r["plain"]) == 3 and r["zero"] == r["plain"]
 
 
-# --- the reduce-scatter overlapped with backward ------------------------------------------------
+# --- the gradient reduction overlapped with backward ---------------------------------------------
 OVERLAP_SETTINGS = {"fp32": ["training.dtype=float32"],
                     "autocast_nvfp4": ["training.dtype=bfloat16", "precision.initial_plan=uniform:nvfp4"]}
+OVERLAP_REDUCERS = {"zero": ZERO, "all_reduce": []}  # ZeRO-1's reduce-scatter; the plain DP all-reduce
 
 
 def _overlap_worker(rank: int, world: int, base: list[str], run_dir: str) -> dict:
     topo = init_distributed(1, 1, device_type="cpu", timeout_s=90)
     out: dict = {}
-    for name, extra in OVERLAP_SETTINGS.items():
+    for (name, extra), (reducer, opt) in itertools.product(OVERLAP_SETTINGS.items(), OVERLAP_REDUCERS.items()):
         for overlap in (False, True):
-            cfg = load_config(TINY, base + ZERO + extra + ["training.grad_bucket_mb=0.02",
-                                                           f"training.overlap_grad_reduce={str(overlap).lower()}",
-                                                           f"training.run_dir={run_dir}/{name}_{overlap}"])
+            cfg = load_config(TINY, base + opt + extra + ["training.grad_bucket_mb=0.02",
+                                                          f"training.overlap_grad_reduce={str(overlap).lower()}",
+                                                          f"training.run_dir={run_dir}/{name}_{reducer}_{overlap}"])
             tr = Trainer(cfg, topo)
             norms: list[float] = []
             losses, launched = [], []
@@ -200,9 +204,9 @@ def _overlap_worker(rank: int, world: int, base: list[str], run_dir: str) -> dic
                 losses += _train(tr, range(s, s + 1), norms)
                 launched.append(tr.grads.launched_in_backward)  # buckets the hooks started in this step
             tr.logger.close()
-            out[name, overlap] = {"losses": losses, "norms": norms, "launched": launched,
-                                  "buckets": len(tr.grads.buckets),
-                                  "params": [p.detach().clone() for p in tr.model.parameters()]}
+            out[name, reducer, overlap] = {"losses": losses, "norms": norms, "launched": launched,
+                                           "buckets": len(tr.grads.bucket_params),
+                                           "params": [p.detach().clone() for p in tr.model.parameters()]}
     return out
 
 
@@ -210,13 +214,14 @@ def _overlap_worker(rank: int, world: int, base: list[str], run_dir: str) -> dic
 def overlap_results(tmp_path_factory):
     cache = tmp_path_factory.mktemp("token_cache")
     run_dir = tmp_path_factory.mktemp("overlap")
-    return run_ranks(_overlap_worker, 2, args=(BASE + [f"data.cache_dir={cache}"], str(run_dir)), timeout_s=240)
+    return run_ranks(_overlap_worker, 2, args=(BASE + [f"data.cache_dir={cache}"], str(run_dir)), timeout_s=480)
 
 
+@pytest.mark.parametrize("reducer", list(OVERLAP_REDUCERS))
 @pytest.mark.parametrize("name", list(OVERLAP_SETTINGS))
-def test_overlapped_reduce_scatter_is_bitwise_the_reduction_after_backward(overlap_results, name):
+def test_overlapped_reduction_is_bitwise_the_reduction_after_backward(overlap_results, name, reducer):
     for r in overlap_results:
-        after, overlapped = r[name, False], r[name, True]
+        after, overlapped = r[name, reducer, False], r[name, reducer, True]
         assert overlapped["losses"] == after["losses"] and overlapped["norms"] == after["norms"]
         assert all(torch.equal(a, b) for a, b in zip(overlapped["params"], after["params"], strict=True))
         assert after["launched"] == [0, 0, 0]
