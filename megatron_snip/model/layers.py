@@ -198,7 +198,8 @@ class ColumnParallelLinear(PrecisionLinear):
     """
 
     shard_dim = 0
-    # Under SP, save the input's sequence shard and re-gather it in backward (parallel/sequence_shard.py);
+    # Under SP, save the input's sequence shard and re-gather it in backward (parallel/sequence_shard.py;
+    # inside LlamaModel.forward's prefetch_chain the re-gather starts one saved input early);
     # LlamaModel.set_recompute turns it off inside fully recomputed blocks.
     save_input_shard = True
 

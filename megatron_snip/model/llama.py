@@ -46,6 +46,7 @@ from megatron_snip.model.norm import RMSNorm
 from megatron_snip.model.recompute import recompute_cheap
 from megatron_snip.model.rope import Llama3RopeScaling, apply_rope, rope_tables
 from megatron_snip.model.shapes import model_linear_shapes
+from megatron_snip.parallel.sequence_shard import prefetch_chain
 from megatron_snip.parallel.topology import TensorParallel
 from megatron_snip.precision.backends import Backend
 from megatron_snip.precision.gemm import activation_dtype
@@ -291,8 +292,11 @@ class LlamaModel(nn.Module):
         h = h.to(activation_dtype(h))
         seq_len = h.shape[1] * (self.tp.size if self.tp.sequence_parallel else 1)
         cos, sin = self._rope(seq_len, h.device)
-        for block in self.layers.values():
-            h = block(h, cos, sin)
+        # Under SP each block's saved input shards are re-gathered in backward; the chain lets each
+        # re-gather start one saved input ahead, overlapping backward's compute (parallel/sequence_shard.py).
+        with prefetch_chain():
+            for block in self.layers.values():
+                h = block(h, cos, sin)
         if not self.post_process:
             return h
         return self.lm_head(self.final_norm(h)).float()

@@ -6,7 +6,8 @@ so model and SNIP code call them unconditionally.
 
 * Plain collectives for bookkeeping and SNIP statistics: ``all_reduce_sum``,
   ``all_reduce_max``, ``broadcast_tensor``, ``broadcast_object``, ``all_gather_object``,
-  ``barrier``, ``amax_reducer`` and the pipeline's point-to-point ``exchange``.
+  ``barrier``, ``amax_reducer``, the pipeline's point-to-point ``exchange`` and
+  ``start_gather_from_sp`` (sequence_shard.py's prefetch: an asynchronous all-gather).
 * Named autograd functions for tensor/sequence parallelism (Megatron's mappings), each
   documented with its forward op, backward op and group:
 
@@ -162,11 +163,28 @@ def _split(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
     return x.chunk(n, dim=dim)[group_rank(group)].contiguous()
 
 
+class PendingGather:
+    """An all-gather of ``x`` along ``dim`` over ``group`` (two or more ranks), started
+    asynchronously: ``wait()`` returns the gathered tensor (the ranks' pieces concatenated in rank
+    order). Until then the collective runs in the background (gloo's worker threads, NCCL's
+    stream) while this rank computes; every rank of ``group`` must start it at the same point
+    of its sequence of collectives on that group."""
+
+    def __init__(self, x: torch.Tensor, dim: int, group: Any) -> None:
+        self._x = x.contiguous()  # kept alive until the collective has read it
+        self._parts = [torch.empty_like(self._x) for _ in range(group_size(group))]
+        self._dim = dim
+        self._work = dist.all_gather(self._parts, self._x, group=group, async_op=True)
+
+    def wait(self) -> torch.Tensor:
+        self._work.wait()
+        out = torch.cat(self._parts, dim=self._dim)
+        self._x = self._parts = None  # the pieces are freed with this handle's last use
+        return out
+
+
 def _all_gather(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
-    x = x.contiguous()
-    parts = [torch.empty_like(x) for _ in range(group_size(group))]
-    dist.all_gather(parts, x, group=group)
-    return torch.cat(parts, dim=dim)
+    return PendingGather(x, dim, group).wait()
 
 
 def _reduce_scatter(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
@@ -315,6 +333,12 @@ def scatter_to_sp(x: torch.Tensor, group: Any) -> torch.Tensor:
 def gather_from_sp(x: torch.Tensor, group: Any) -> torch.Tensor:
     """All-gather seq forward, reduce-scatter backward over TP (see ``_GatherFromSP``)."""
     return _GatherFromSP.apply(x, group) if _active(group) else x
+
+
+def start_gather_from_sp(x: torch.Tensor, group: Any) -> PendingGather:
+    """``gather_from_sp``'s forward (all-gather along seq over TP, no autograd) started
+    asynchronously; ``wait()`` gives the same bits. ``group`` must have two or more ranks."""
+    return PendingGather(x, SEQ_DIM, group)
 
 
 def reduce_scatter_to_sp(x: torch.Tensor, group: Any) -> torch.Tensor:

@@ -1,10 +1,14 @@
 """Sequence parallelism saves the local shard (parallel/sequence_shard.py), on TP=2 (2 gloo ranks).
 
-Checked: (1) training is bitwise unchanged (the re-gathered input is the same bits), (2) the
-column-parallel linears keep (B, S/tp, K) shards instead of the (B, S, K) gathered input, and
-(3) the bytes one block saves for backward - those the outer ``saved_tensors_hooks`` sees plus
-the shards the inner hooks keep - equal ``sizing.activation_bytes``, as
-tests/unit/test_activation_memory.py checks without TP; for the emulated and the torch backend.
+Checked: (1) training is bitwise unchanged (the re-gathered input is the same bits, prefetched
+or not), (2) the column-parallel linears keep (B, S/tp, K) shards instead of the (B, S, K)
+gathered input, (3) the bytes one block saves for backward - those the outer
+``saved_tensors_hooks`` sees plus the shards the inner hooks keep - equal
+``sizing.activation_bytes``, as tests/unit/test_activation_memory.py checks without TP, and
+(4) the re-gathers overlap backward: after forward every saved input is only its shard (no
+gather started), and in backward each one but the first is prefetched when the one saved after
+it is unpacked, so its unpack finds the all-gather already started; for the emulated and the
+torch backend.
 """
 
 from __future__ import annotations
@@ -56,8 +60,8 @@ def _measure(tr: Trainer) -> tuple[float, list[tuple[int, ...]]]:
         finally:
             inside[0] = False
 
-    def init(self, shard, *rest):  # the inner hooks' kept tensors, which the outer hook never sees
-        real_init(self, shard, *rest)
+    def init(self, shard, *rest, **kw):  # the inner hooks' kept tensors, which the outer hook never sees
+        real_init(self, shard, *rest, **kw)
         if inside[0]:
             shards.append(tuple(shard.shape))
             saved[shard.untyped_storage().data_ptr()] = shard.untyped_storage().nbytes()
@@ -75,6 +79,41 @@ def _measure(tr: Trainer) -> tuple[float, list[tuple[int, ...]]]:
     return sum(saved.values()) / (tokens.shape[0] * (tokens.shape[1] - 1)), shards
 
 
+def _prefetch_trace(tr: Trainer) -> dict:
+    """One forward and backward of the whole stage: what the saved shards hold after forward, and
+    backward's sequence of ``("prefetch", i)`` and ``("gather", i, waited on a prefetch)`` over the
+    shards i in the order forward saved them."""
+    shards: list[sequence_shard.SequenceShard] = []
+    events: list[tuple] = []
+    cls = sequence_shard.SequenceShard
+    real_init, real_prefetch, real_gather = cls.__init__, cls.prefetch, cls.gather
+
+    def init(self, *args, **kw):
+        real_init(self, *args, **kw)
+        shards.append(self)
+
+    def prefetch(self):
+        events.append(("prefetch", shards.index(self)))
+        real_prefetch(self)
+
+    def gather(self):
+        full = real_gather(self)
+        events.append(("gather", shards.index(self), self.prefetched))
+        return full
+
+    cls.__init__, cls.prefetch, cls.gather = init, prefetch, gather
+    try:
+        tokens = tr.micro_batches(0)[0]
+        with tr._autocast():
+            out = tr.model(tokens[:, :-1])
+        after_forward = [(s.pending is None, s.used) for s in shards]
+        tr.model.loss(out, tokens[:, 1:]).backward()
+    finally:
+        cls.__init__, cls.prefetch, cls.gather = real_init, real_prefetch, real_gather
+    tr.optimizer.zero_grad(set_to_none=True)
+    return {"after_forward": after_forward, "events": events}
+
+
 def _worker(rank: int, world: int, run_dir: str) -> dict:
     topo = init_distributed(2, 1, device_type="cpu", timeout_s=90)
     out = {}
@@ -87,6 +126,7 @@ def _worker(rank: int, world: int, run_dir: str) -> dict:
                 lin.save_input_shard = on
             out[f"{name}_{'shard' if on else 'gathered'}"] = _measure(tr)  # both: same stochastic-rounding draws
             tr.optimizer.zero_grad(set_to_none=True)
+            out[f"{name}_{'shard' if on else 'gathered'}_trace"] = _prefetch_trace(tr)
             losses[on] = [tr.train_step(s).loss for s in range(2)]
             tr.logger.close()
         out[f"{name}_losses"] = losses
@@ -108,3 +148,16 @@ def test_sp_saves_the_shard_and_matches_the_estimate(results, name):
         assert none == [] and gathered > per_token
         est = activation_bytes(load_config(TINY, SHAPES + SETTINGS[name]))
         assert per_token == est.stored, (name, per_token, est)
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_sp_regathers_are_prefetched_during_backward(results, name):
+    for r in results:
+        trace = r[f"{name}_shard_trace"]
+        # qkv and fc1 of 2 blocks; after forward each holds only its shard: no gather started or used.
+        assert trace["after_forward"] == [(True, False)] * 4
+        # Backward unpacks them last-saved first; each unpack starts the next one's all-gather
+        # (after its own), so every unpack but the first waits on a gather already under way.
+        assert trace["events"] == [("gather", 3, False), ("prefetch", 2), ("gather", 2, True), ("prefetch", 1),
+                                   ("gather", 1, True), ("prefetch", 0), ("gather", 0, True)]
+        assert r[f"{name}_gathered_trace"] == {"after_forward": [], "events": []}, "without shards: no chain"
