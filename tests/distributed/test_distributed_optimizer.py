@@ -100,11 +100,16 @@ def _worker(rank: int, world: int, base: list[str], run_dir: str) -> dict:
     return out
 
 
+def _run_on_two_ranks(tmp_path_factory, worker, run_dir_name: str, timeout_s: float):
+    """``worker`` on 2 gloo ranks with the shared small config and a fresh token cache and run dir."""
+    cache = tmp_path_factory.mktemp("token_cache")
+    run_dir = tmp_path_factory.mktemp(run_dir_name)
+    return run_ranks(worker, 2, args=(BASE + [f"data.cache_dir={cache}"], str(run_dir)), timeout_s=timeout_s)
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("token_cache")
-    run_dir = tmp_path_factory.mktemp("runs")
-    return run_ranks(_worker, 2, args=(BASE + [f"data.cache_dir={cache}"], str(run_dir)), timeout_s=240)
+    return _run_on_two_ranks(tmp_path_factory, _worker, "runs", 240)
 
 
 def test_losses_and_weights_match_the_unsharded_optimizer(results):
@@ -212,9 +217,7 @@ def _overlap_worker(rank: int, world: int, base: list[str], run_dir: str) -> dic
 
 @pytest.fixture(scope="module")
 def overlap_results(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("token_cache")
-    run_dir = tmp_path_factory.mktemp("overlap")
-    return run_ranks(_overlap_worker, 2, args=(BASE + [f"data.cache_dir={cache}"], str(run_dir)), timeout_s=480)
+    return _run_on_two_ranks(tmp_path_factory, _overlap_worker, "overlap", 480)
 
 
 @pytest.mark.parametrize("reducer", list(OVERLAP_REDUCERS))
