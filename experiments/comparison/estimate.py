@@ -12,6 +12,11 @@ from experiments.comparison.store import is_done
 from megatron_snip.precision.formats import FP4_FORMATS
 
 
+def _evals(steps: int, p: Protocol) -> int:
+    """Evaluation micro-batches of a run of ``steps`` steps (every eval_interval and at the end, per domain)."""
+    return (steps // p.eval_interval + 1) * p.eval_batches * len(p.domains)
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Seconds per run, for ``--dry-list``: startup + steps x step time x emulation factor + re-plans + evals.
@@ -30,8 +35,7 @@ class CostModel:
 
     def run_s(self, spec: RunSpec, p: Protocol) -> float:
         if spec.policy == BASE_POLICY:
-            evals = (p.base_steps // p.eval_interval + 1) * p.eval_batches * len(p.domains)
-            return self.startup_s + (p.base_steps + evals * self.eval_step_fraction) * self.step_s
+            return self.startup_s + (p.base_steps + _evals(p.base_steps, p) * self.eval_step_fraction) * self.step_s
         if spec.policy == "bf16":
             shares = {"bf16": 1.0}
         elif spec.policy.startswith("uniform:"):
@@ -44,7 +48,7 @@ class CostModel:
         factor = sum(w * self.emulation.get(f, 2.0) for f, w in shares.items())
         train = p.warmup * self.step_s + (p.steps - p.warmup) * self.step_s * factor
         replans = len(range(p.warmup, p.steps, p.interval)) if spec.policy in ("snip", "min_rel_err") else 0
-        evals = (p.steps // p.eval_interval + 1) * p.eval_batches * len(p.domains)
+        evals = _evals(p.steps, p)
         return self.startup_s + train + replans * self.replan_steps * self.step_s \
             + evals * self.eval_step_fraction * self.step_s * factor
 
