@@ -276,7 +276,10 @@ class TrainingConfig:
 class DataConfig:
     """Corpus and tokenizer."""
 
-    train_path: str = "bundled:sotu"  # JSONL file (plain or .gz), an indexed .bin/.idx prefix, or bundled:<name>
+    # One corpus - a JSONL file (plain or .gz), an indexed .bin/.idx prefix, or bundled:<name> - or a
+    # blend: Megatron's ["0.7", "corpus/a", "0.3", "corpus/b"] or a table {"corpus/a" = 0.7, "corpus/b" = 0.3}
+    # (weights normalized; data/blend.py). Each source's held-out split is logged as val_loss_<name>.
+    train_path: str | tuple[str, ...] = "bundled:sotu"
     split: str = "95,5"  # train,valid,test weights: documents of train_path held out for "val_loss"
     valid_paths: tuple[str, ...] = ("bundled:moby_dick",)  # extra held-out corpora, logged as val_loss_<name>
     tokenizer: str = "byte"  # "byte" (no training) or "bpe" (HF byte-level BPE)
@@ -299,8 +302,39 @@ class DataConfig:
             raise _err("data.split", self.split, "give train,valid[,test] weights like '98,2' with train > 0 and valid > 0")
         if self.bpe_vocab_size < 300:
             raise _err("data.bpe_vocab_size", self.bpe_vocab_size, "must be >= 300 (256 bytes + merges)")
-        if not self.train_path:
-            raise _err("data.train_path", self.train_path, "give a JSONL file, an indexed .bin/.idx prefix or bundled:sotu")
+        self.blend()  # raises on a malformed blend
+
+    def blend(self) -> tuple[tuple[float, str], ...]:
+        """``train_path`` as ((weight, path), ...) with weights summing to 1; one corpus is ((1.0, path),)."""
+        tp = self.train_path
+        if isinstance(tp, str) or len(tp) == 1:
+            path = tp if isinstance(tp, str) else tp[0]
+            if not path:
+                raise _err("data.train_path", tp, "give a JSONL file, an indexed .bin/.idx prefix or bundled:sotu")
+            return ((1.0, path),)
+        shape = ('a blend lists weight, path pairs (Megatron\'s form), e.g. ["0.7", "corpus/a", "0.3", "corpus/b"], '
+                 'or a table {"corpus/a" = 0.7, "corpus/b" = 0.3}')
+        if len(tp) % 2:
+            raise _err("data.train_path", list(tp), f"{shape}; got {len(tp)} entries")
+        pairs = []
+        for i in range(0, len(tp), 2):
+            w, path = tp[i], tp[i + 1]
+            try:
+                weight = float(w)
+            except ValueError:
+                raise _err("data.train_path", list(tp), f"{shape}; entry {i} ({w!r}) should be a weight") from None
+            if not (math.isfinite(weight) and weight > 0):
+                raise _err("data.train_path", list(tp), f"the weight of {path!r} is {w}; weights must be finite and "
+                                                        "> 0 (drop a source rather than giving it weight 0)")
+            if not path:
+                raise _err("data.train_path", list(tp), f"entry {i + 1} is an empty path; {shape}")
+            pairs.append((weight, path))
+        paths = [p for _, p in pairs]
+        if len(set(paths)) != len(paths):
+            dup = next(p for p in paths if paths.count(p) > 1)
+            raise _err("data.train_path", list(tp), f"{dup!r} is listed twice; give each source once with its total weight")
+        total = sum(w for w, _ in pairs)
+        return tuple((w / total, p) for w, p in pairs)
 
 
 @dataclass(frozen=True)
@@ -402,7 +436,12 @@ def _coerce(section: str, key: str, value: Any, typ: Any) -> Any:
     name = f"{section}.{key}"
     origin = get_origin(typ)
     if origin in (Union, types.UnionType):  # bool | str: true/false as booleans, anything else a string
-        if isinstance(value, bool) or (isinstance(value, str) and value.lower() in ("true", "false")):
+        seq = next((a for a in get_args(typ) if get_origin(a) is tuple), None)
+        if seq is not None and isinstance(value, (list, tuple, dict)):  # str | tuple[str, ...]: a blend
+            if isinstance(value, dict):  # a table {path = weight} -> Megatron's [weight, path, ...]
+                value = [x for path, weight in value.items() for x in (weight, path)]
+            return _coerce(section, key, value, seq)
+        if bool in get_args(typ) and (isinstance(value, bool) or (isinstance(value, str) and value.lower() in ("true", "false"))):
             return _coerce(section, key, value, bool)
         return _coerce(section, key, value, str)
     if origin is tuple:

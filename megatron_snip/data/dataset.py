@@ -171,7 +171,11 @@ class GPTDataset:
         """Samples ``[start_sample, start_sample + batch_size)`` -> (batch_size, seq_len + 1) int64."""
         if start_sample < 0 or batch_size < 0:
             raise ValueError(f"start_sample={start_sample} and batch_size={batch_size} must be >= 0")
-        windows = self.window_ids(np.arange(start_sample, start_sample + batch_size, dtype=np.int64))
+        return self.samples(np.arange(start_sample, start_sample + batch_size, dtype=np.int64))
+
+    def samples(self, sample_indices: np.ndarray) -> torch.Tensor:
+        """Global sample indices (N,) -> (N, seq_len + 1) int64 (any order, e.g. a blend's picks)."""
+        windows = self.window_ids(sample_indices)
         positions = windows[:, None] * self.seq_len + np.arange(self.seq_len + 1, dtype=np.int64)[None, :]
         return torch.from_numpy(self.stream(positions))
 

@@ -8,6 +8,7 @@ A corpus path is one of
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ import numpy as np
 from megatron_snip.atomic_io import ensure_writable_dir
 from megatron_snip.config import Config, DataConfig
 from megatron_snip.data import indexed
+from megatron_snip.data.blend import BlendedDataset, cached_index, index_description
 from megatron_snip.data.corpus import bundled_sample_path, prepare_tokens, read_jsonl
 from megatron_snip.data.dataset import GPTDataset, build_datasets
 from megatron_snip.data.indexed import IndexedDataset
@@ -27,17 +29,23 @@ from megatron_snip.data.tokenizer import Tokenizer, build_tokenizer
 @dataclass
 class DataBundle:
     tokenizer: Tokenizer
-    train: GPTDataset
-    valid: dict[str, GPTDataset]  # "valid" (held-out split of train_path) + one per data.valid_paths
+    train: GPTDataset | BlendedDataset
+    # "valid" (held-out split of train_path; of a blend: the blend of its sources' held-out splits),
+    # one per blend source (its held-out split, logged as val_loss_<name>) and one per data.valid_paths
+    valid: dict[str, GPTDataset | BlendedDataset]
 
 
-def resolve_corpus(path: str) -> str:
-    """``bundled:<name>`` -> the packaged file; anything else is checked to exist."""
+def resolve_corpus(path: str, field: str = "data path") -> str:
+    """``bundled:<name>`` -> the packaged file; anything else is checked to exist (``field`` names
+    the config field in the error)."""
     if path.startswith("bundled:"):
-        return bundled_sample_path(path.split(":", 1)[1])
+        try:
+            return bundled_sample_path(path.split(":", 1)[1])
+        except ValueError as e:
+            raise ValueError(f"config {field}: {e}") from None
     if indexed.exists(path) or os.path.isfile(path):
         return path
-    raise ValueError(f"config data path {path!r} is neither a file nor an indexed prefix (.bin/.idx); "
+    raise ValueError(f"config {field} {path!r} is neither a file nor an indexed prefix (.bin/.idx); "
                      f"use bundled:sotu, a JSONL file, or run scripts/prepare_corpus.py / scripts/preprocess_data.py")
 
 
@@ -53,16 +61,18 @@ def _cache_dir(cfg: DataConfig) -> str:
 def load_tokenizer_for(cfg: DataConfig) -> Tokenizer:
     if cfg.tokenizer == "byte":
         return build_tokenizer("byte")
-    train = resolve_corpus(cfg.train_path)
-    if indexed.exists(train) and not os.path.isfile(cfg.tokenizer_path):
+    sources = [resolve_corpus(p, "data.train_path") for _, p in cfg.blend()]
+    if any(indexed.exists(s) for s in sources) and not os.path.isfile(cfg.tokenizer_path):
         raise ValueError(f"config data.tokenizer_path={cfg.tokenizer_path!r} must name the tokenizer.json that "
                          f"{cfg.train_path!r} was tokenized with")
-    texts = None if os.path.isfile(cfg.tokenizer_path) else read_jsonl(train, cfg.json_key)
+    texts = None if os.path.isfile(cfg.tokenizer_path) else itertools.chain.from_iterable(
+        read_jsonl(s, cfg.json_key) for s in sources)
     return build_tokenizer("bpe", cfg.tokenizer_path or None, texts=texts, vocab_size=cfg.bpe_vocab_size,
                            eod_token=cfg.eod_token, bos_token=cfg.bos_token)
 
 
-def open_indexed(path: str, tokenizer: Tokenizer, cfg: DataConfig, *, check_ids: bool = True) -> IndexedDataset:
+def open_indexed(path: str, tokenizer: Tokenizer, cfg: DataConfig, *, check_ids: bool = True,
+                 field: str = "data path") -> IndexedDataset:
     """The token file of corpus ``path`` (tokenized into the cache first if it is JSONL).
 
     The one check that data and tokenizer agree, before any token is embedded (ids of another
@@ -70,7 +80,7 @@ def open_indexed(path: str, tokenizer: Tokenizer, cfg: DataConfig, *, check_ids:
     ``PREFIX.json`` (scripts/preprocess_data.py) records another tokenizer identity is refused;
     ``check_ids`` scans the whole ``.bin`` once: every id must be one ``tokenizer`` can produce.
     JSONL corpora are tokenized here with ``tokenizer`` (its identity is in the cache key)."""
-    resolved = resolve_corpus(path)
+    resolved = resolve_corpus(path, field)
     prefix = resolved if indexed.exists(resolved) else prepare_tokens(resolved, tokenizer, _cache_dir(cfg), cfg.json_key)
     if prefix == resolved and os.path.isfile(prefix + ".json"):
         _check_recorded_tokenizer(path, prefix + ".json", tokenizer)
@@ -107,12 +117,44 @@ def _check_recorded_tokenizer(path: str, meta_path: str, tokenizer: Tokenizer) -
 
 def build_data(cfg: Config, *, is_writer: bool = True) -> DataBundle:
     """Tokenizer + datasets for ``cfg``. Every rank calls it; the cache makes the work happen once."""
-    d = cfg.data
+    d, t = cfg.data, cfg.training
     tokenizer = load_tokenizer_for(d)
     # The writer checks the token ids; the others wait for its verdict (trainer._build_data).
-    train_idx = open_indexed(d.train_path, tokenizer, d, check_ids=is_writer)
-    extra = {corpus_name(p): open_indexed(p, tokenizer, d, check_ids=is_writer) for p in d.valid_paths}
-    sets = build_datasets(train_idx, cfg.training.seq_len, tokenizer.eod_id, split=d.split,
-                          seed=cfg.training.seed, extra_valid=extra)
-    valid = {k: v for k, v in sets.items() if k not in ("train", "test")}
-    return DataBundle(tokenizer, sets["train"], valid)
+    blend = d.blend()
+    sources = [open_indexed(p, tokenizer, d, check_ids=is_writer, field="data.train_path") for _, p in blend]
+    extra = {corpus_name(p): open_indexed(p, tokenizer, d, check_ids=is_writer, field="data.valid_paths")
+             for p in d.valid_paths}
+    if len(blend) == 1:
+        sets = build_datasets(sources[0], t.seq_len, tokenizer.eod_id, split=d.split, seed=t.seed, extra_valid=extra)
+        valid = {k: v for k, v in sets.items() if k not in ("train", "test")}
+        return DataBundle(tokenizer, sets["train"], valid)
+    names = _blend_names(blend, extra)
+    trains, valids = [], {}
+    for (_, path), name, source in zip(blend, names, sources, strict=True):
+        sets = build_datasets(source, t.seq_len, tokenizer.eod_id, split=d.split, seed=t.seed)
+        if "valid" not in sets:
+            raise ValueError(f"config data.train_path: source {path!r} has too few documents for a held-out split "
+                             f"(data.split={d.split!r}); give it more documents or drop it from the blend")
+        trains.append(sets["train"])
+        valids[name] = sets["valid"]
+    weights = [w for w, _ in blend]
+    description = index_description(weights, trains, names, t.max_steps * t.global_batch_size)
+    which, local, _ = cached_index(_cache_dir(d), description, write=is_writer)
+    train = BlendedDataset(trains, weights, names, index=(which, local))
+    valid = {"valid": BlendedDataset(list(valids.values()), weights, names), **valids, **extra}
+    return DataBundle(tokenizer, train, valid)
+
+
+def _blend_names(blend: tuple[tuple[float, str], ...], extra: dict) -> list[str]:
+    """One ``val_loss_<name>`` name per blend source: distinct, and none a data.valid_paths name."""
+    names = [corpus_name(p) for _, p in blend]
+    for i, n in enumerate(names):
+        other = names.index(n)
+        if other != i:
+            raise ValueError(f"config data.train_path: sources {blend[other][1]!r} and {blend[i][1]!r} are both named "
+                             f"{n!r} (their val_loss_{n} would clash); rename one of the files")
+        if n in extra or n in ("valid", "test", "train"):
+            raise ValueError(f"config data.train_path: source {blend[i][1]!r} is named {n!r}, which data.valid_paths "
+                             f"(or a split) already uses for val_loss_{n}; drop it from data.valid_paths (its held-out "
+                             f"split is logged as a blend source) or rename the file")
+    return names
