@@ -181,8 +181,9 @@ def set_aside(ckpt_root: Path, step: int) -> Path:
 
 
 def read_shard(ckpt_root: Path, step: int, tp_rank: int = 0, pp_rank: int = 0,
-               sha256: str | None = None) -> dict[str, Any]:
-    """Load one shard (``weights_only=True``; checked against ``sha256`` when given)."""
+               sha256: str | None = None, *, mmap: bool = False) -> dict[str, Any]:
+    """Load one shard (``weights_only=True``; checked against ``sha256`` when given). ``mmap``: its
+    tensors are memory-mapped, so only the bytes of the tensors used are read."""
     d = step_dir(ckpt_root, step)
     path = d / shard_name(tp_rank, pp_rank)
     if not path.is_file():
@@ -195,7 +196,7 @@ def read_shard(ckpt_root: Path, step: int, tp_rank: int = 0, pp_rank: int = 0,
     if sha256 is not None and file_sha256(path) != sha256:
         raise CheckpointError(f"checkpoint {d}: shard {path.name} does not match its recorded sha256 (corrupt)")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # noqa: BLE001 - unpickling errors come in many types; all mean "unusable"
         raise CheckpointError(f"checkpoint shard {path} cannot be loaded safely ({type(e).__name__}: "
                               f"{str(e).splitlines()[0] if str(e) else ''}); only tensors, numbers, strings, lists "

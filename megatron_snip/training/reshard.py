@@ -5,6 +5,8 @@ training/checkpoint.py). ``read_full`` reassembles the unsharded model weights a
 keyed by parameter name (TP shards joined with the model's own shard spec, pipeline stages
 merged by their global layer names); ``write_layout`` splits them again for any layout the model
 allows and commits a new checkpoint at the same step, so a run resumes at the new layout.
+``stage_state`` does the same for one rank on the fly: ``training.resume`` at another layout
+loads the shard the conversion would have written for it, reading only its stage's parameters.
 
 What carries over exactly: weights, AdamW moments and step counts, the LR schedule position,
 the precision plan and its history, the CPU RNG state. Taken from shard (tp0, pp0) for every new
@@ -17,6 +19,7 @@ shard/stage of the old run had consumed its own stream, so the new run's roundin
 from __future__ import annotations
 
 import copy
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,33 +97,40 @@ class FullCheckpoint:
     vocab_size: int
 
 
-def read_full(ckpt_root: Path, step: int, cfg: Config | None = None, *, with_optimizer: bool = True) -> FullCheckpoint:
+def read_full(ckpt_root: Path, step: int, cfg: Config | None = None, *, with_optimizer: bool = True,
+              only: Collection[str] | None = None) -> FullCheckpoint:
     """Read every shard of checkpoint ``step`` and join them (CPU memory: the whole model, plus
-    twice that for the AdamW moments when ``with_optimizer``)."""
+    twice that for the AdamW moments when ``with_optimizer``).
+
+    ``only``: just these parameter names (one stage's, for ``stage_state``): the pipeline stages
+    holding none of them are not read, and the others are memory-mapped, so of each shard only
+    the bytes of those tensors (and shard (tp0, pp0)'s common state) are read."""
     cfg = cfg or run_config(ckpt_root)
     meta = ckpt.read_meta(ckpt_root, step)
     tp, pp = int(meta.get("tp", 1)), int(meta.get("pp", 1))
     model: dict[str, torch.Tensor] = {}
     moments: dict[str, dict[str, torch.Tensor]] = {}
-    groups: list[dict[str, Any]] = []
-    common: dict[str, Any] = {}
-    vocab_size = 0
+    mmap = only is not None
+    first = ckpt.read_shard(ckpt_root, step, 0, 0, mmap=mmap)
+    common = {k: v for k, v in first.items() if k not in ("model", "optimizer", "layout")}
+    vocab_size = first["model"]["embedding.weight"].shape[0] * tp
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in first["optimizer"]["param_groups"]]
     for pp_rank in range(pp):
-        shards = [ckpt.read_shard(ckpt_root, step, tp_rank, pp_rank) for tp_rank in range(tp)]
-        if pp_rank == 0:
-            common = {k: v for k, v in shards[0].items() if k not in ("model", "optimizer", "layout")}
-            vocab_size = shards[0]["model"]["embedding.weight"].shape[0] * tp
-            groups = [{k: v for k, v in g.items() if k != "params"} for g in shards[0]["optimizer"]["param_groups"]]
         stage = stage_model(cfg, vocab_size, tp, pp, 0, pp_rank)
+        wanted = set(stage.state_dict()) if only is None else set(stage.state_dict()) & set(only)
+        if not wanted:
+            continue
+        shards = [first if (tp_rank, pp_rank) == (0, 0) else ckpt.read_shard(ckpt_root, step, tp_rank, pp_rank, mmap=mmap)
+                  for tp_rank in range(tp)]
         spec = stage.tp_shard_spec()
-        model.update(unshard_state_dicts([s["model"] for s in shards], spec))
+        model.update(unshard_state_dicts([{k: v for k, v in s["model"].items() if k in wanted} for s in shards], spec))
         if not with_optimizer:
             continue
         names = _param_names(stage, cfg.training.weight_decay)
         states = [s["optimizer"]["state"] for s in shards]
         for idx, name in enumerate(names):
-            if idx not in states[0]:
-                continue  # no step taken yet
+            if idx not in states[0] or name not in wanted:
+                continue  # no step taken yet, or not asked for
             full = unshard_state_dicts([{m: st[idx][m] for m in _MOMENTS} for st in states],
                                        dict.fromkeys(_MOMENTS, spec[name]))
             moments[name] = {**full, "step": states[0][idx]["step"]}
@@ -160,6 +170,25 @@ def shard_for(full: FullCheckpoint, stage: LlamaModel) -> tuple[dict[str, torch.
     return model, {"state": state, "param_groups": groups}
 
 
+def shard_state(full: FullCheckpoint, stage: LlamaModel, pp: int, pp_rank: int) -> dict[str, Any]:
+    """The checkpoint shard of ``stage`` (TP rank ``stage.tp.rank`` of pipeline stage ``pp_rank`` of
+    ``pp``): ``full``'s common state (step, RNG, plan, history, extra), its model and optimizer
+    slices, and its layout record."""
+    model, optimizer = shard_for(full, stage)
+    return {**copy.deepcopy(full.common), "model": model, "optimizer": optimizer,
+            "layout": {"tp": stage.tp.size, "pp": pp, "tp_rank": stage.tp.rank, "pp_rank": pp_rank,
+                       "layers": list(stage.layer_ids)}}
+
+
+def stage_state(ckpt_root: Path, step: int, model: LlamaModel, pp: int, pp_rank: int) -> dict[str, Any]:
+    """What ``checkpoint.read_shard`` would return to this rank had checkpoint ``step`` been written
+    at its layout (``model``: its TP shard of pipeline stage ``pp_rank`` of ``pp``) - how
+    ``training.resume`` continues at another TP x PP: the very shard ``write_layout``
+    (scripts/reshard_checkpoint.py) writes for it, read from this stage's parameters only."""
+    full = read_full(ckpt_root, step, only=list(model.state_dict()))
+    return shard_state(full, model, pp, pp_rank)
+
+
 def write_layout(full: FullCheckpoint, out_root: Path, tp: int, pp: int, *, keep: int = 1000) -> Path:
     """Write ``full`` as checkpoint ``step`` under ``out_root`` at layout (tp, pp); returns its directory.
 
@@ -171,11 +200,7 @@ def write_layout(full: FullCheckpoint, out_root: Path, tp: int, pp: int, *, keep
     for pp_rank in range(pp):
         for tp_rank in range(tp):
             stage = stage_model(full.cfg, full.vocab_size, tp, pp, tp_rank, pp_rank)
-            model, optimizer = shard_for(full, stage)
-            shard = {**copy.deepcopy(full.common), "model": model, "optimizer": optimizer,
-                     "layout": {"tp": tp, "pp": pp, "tp_rank": tp_rank, "pp_rank": pp_rank,
-                                "layers": list(stage.layer_ids)}}
-            ckpt.write_shard(out_root, step, shard, tp_rank, pp_rank)
+            ckpt.write_shard(out_root, step, shard_state(full, stage, pp, pp_rank), tp_rank, pp_rank)
     meta = {**full.meta, "tp": tp, "pp": pp, "sequence_parallel": False,
             "resharded_from": {"tp": full.meta.get("tp", 1), "pp": full.meta.get("pp", 1)}}
     if isinstance(meta.get("config"), dict):  # the resolved config it records describes the new layout too
