@@ -153,22 +153,26 @@ def run(args: argparse.Namespace, topo_factory: Any = None) -> dict[str, Any]:
     return report
 
 
+def topo_for(cfg: Any) -> Any:
+    """The process group of a torchrun launch (``cfg.parallel`` layout; data parallel over the rest),
+    or None for one process."""
+    from megatron_snip.parallel.distributed import env_world_size, init_distributed
+
+    world = env_world_size()
+    if world <= 1:
+        return None
+    cfg.validate(world)
+    device = cfg.training.device
+    return init_distributed(cfg.parallel.tp, cfg.parallel.pp, timeout_s=cfg.parallel.collective_timeout_s,
+                            device_type=None if device == "auto" else device)
+
+
 def main(argv: list[str] | None = None) -> int:
-    from megatron_snip.parallel.distributed import destroy_distributed, env_world_size, init_distributed
+    from megatron_snip.parallel.distributed import destroy_distributed
 
     args = parse_args(argv)
-
-    def topo_factory(cfg: Any) -> Any:
-        world = env_world_size()
-        if world <= 1:
-            return None
-        cfg.validate(world)
-        device = cfg.training.device
-        return init_distributed(cfg.parallel.tp, cfg.parallel.pp, timeout_s=cfg.parallel.collective_timeout_s,
-                                device_type=None if device == "auto" else device)
-
     try:
-        run(args, topo_factory)
+        run(args, topo_for)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

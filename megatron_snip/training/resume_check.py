@@ -7,7 +7,7 @@ and sorts every differing field into
   * a note - allowed, with what the change does from the resumed step on.
 Fields not listed in either table are allowed with the generic note of their section.
 The TP/PP layout is not compared here: a checkpoint records the layout of its shards
-(``meta.json`` tp/pp, checked by ``checkpoint.verify``; scripts/reshard_checkpoint.py converts it).
+(``meta.json`` tp/pp), and one saved at another layout is resharded on load (``training/reshard.py``).
 """
 
 from __future__ import annotations

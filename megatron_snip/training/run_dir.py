@@ -1,5 +1,6 @@
 """The run directory's lifecycle: refusing a fresh run into a used directory, committing a
-checkpoint from every rank's shard, and choosing (and checking) the checkpoint a run resumes from.
+checkpoint from every rank's shard, and choosing (and checking) the checkpoint a run resumes from
+- at any TP x PP layout: one saved at another is resharded on load (``training/reshard.py``).
 
 ``RunDirectory`` knows the files (``training.run_dir``, ``checkpoints/``, ``meta.json``) and the
 order of the ranks' writes and barriers; what goes into a shard is the ``Trainer``'s
@@ -19,6 +20,7 @@ from megatron_snip.parallel import comm
 from megatron_snip.parallel.topology import ParallelTopology
 from megatron_snip.telemetry.logger import RunLogger
 from megatron_snip.training import checkpoint as ckpt
+from megatron_snip.training import reshard
 from megatron_snip.training.resume_check import compare
 
 
@@ -116,11 +118,6 @@ class RunDirectory:
             return None
         meta = ckpt.read_meta(self.ckpt_root, step)
         d = ckpt.step_dir(self.ckpt_root, step)
-        if (meta.get("tp", 1), meta.get("pp", 1)) != (topo.tp, topo.pp):
-            raise ValueError(f"checkpoint {d} was saved with tp={meta.get('tp')} pp={meta.get('pp')}, this run has "
-                             f"parallel.tp={topo.tp} parallel.pp={topo.pp}; resume with the same layout, "
-                             f"or convert it: python scripts/reshard_checkpoint.py {self.path} "
-                             f"--tp {topo.tp} --pp {topo.pp}")
         if "config" in meta:
             refusals, notes = compare(meta["config"], self.cfg.to_dict())
             if meta.get("vocab_size", vocab_size) != vocab_size:
@@ -131,7 +128,14 @@ class RunDirectory:
                                  f"values (see {self.path / 'config.toml'}) or start a new training.run_dir")
             for note in notes:
                 logger.info(f"resume: changed {note}")
-        state = ckpt.read_shard(self.ckpt_root, step, topo.tp_rank, topo.pp_rank)
+        saved_layout = (meta.get("tp", 1), meta.get("pp", 1))
+        if saved_layout == (topo.tp, topo.pp):
+            state = ckpt.read_shard(self.ckpt_root, step, topo.tp_rank, topo.pp_rank)
+        else:  # the shard scripts/reshard_checkpoint.py would have written for this rank, made on load
+            stage = reshard.stage_model(self.cfg, vocab_size, topo.tp, topo.pp, topo.tp_rank, topo.pp_rank)
+            state = reshard.stage_state(self.ckpt_root, step, stage, topo.pp, topo.pp_rank)
+            logger.info(f"resume: {d} was saved at tp={saved_layout[0]} pp={saved_layout[1]}; resharded on load to "
+                        f"tp={topo.tp} pp={topo.pp} (each rank read its stage's parameters)")
         layout = state.get("layout")
         if layout is not None and layout["layers"] != list(layer_ids):
             raise ValueError(f"checkpoint shard for tp_rank={topo.tp_rank} pp_rank={topo.pp_rank} holds "

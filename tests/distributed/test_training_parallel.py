@@ -215,7 +215,8 @@ def test_tp2_pp2_low_precision_trains_like_one_rank_and_resumes_exactly(cache_di
     # resume: bit-identical to the uninterrupted 4-rank run
     a_losses = {s + 1: v for s, v in enumerate(res[0]["a"]["losses"])}
     assert res[0]["b_losses"] == a_losses, (res[0]["b_losses"], a_losses, worst)
-    # a checkpoint of another layout is refused with a clear message
-    with pytest.raises(ValueError, match=r"saved with tp=2 pp=2.*parallel.tp=1 parallel.pp=1"):
-        Trainer(load_config(TINY, over + [f"training.run_dir={tmp_path / 'b'}", "training.max_steps=6",
-                                          "training.resume=true"]))
+    # a checkpoint of another layout is resharded on load (losses: tests/distributed/test_resume_layout.py)
+    one = Trainer(load_config(TINY, over + [f"training.run_dir={tmp_path / 'b'}", "training.max_steps=6",
+                                            "training.resume=true"]))
+    assert one.step == 4
+    one.logger.close()

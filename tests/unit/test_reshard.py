@@ -69,3 +69,34 @@ def test_impossible_layouts_are_refused(small_overrides, tmp_path, capsys):
     assert "cannot reshard to pp=3: model.num_layers=2" in capsys.readouterr().err
     assert reshard_checkpoint.main([str(tmp_path / "nothing"), "--tp", "1", "--pp", "1"]) == 2
     assert "no checkpoint there" in capsys.readouterr().err
+
+
+def test_resume_at_another_layout_reshards_on_load_like_the_script(small_overrides, tmp_path, monkeypatch):
+    """A TP=2 x PP=2 checkpoint (the script's, from a TP=1 run) resumed at TP=1 with no conversion
+    logs the losses of the original TP=1 checkpoint and of the script's conversion back, bit for
+    bit; on load each stage reads only the source stages holding its parameters, memory-mapped."""
+    base = small_overrides[:-2] + [f"data.cache_dir={tmp_path / 'cache'}"]
+    tr = Trainer(load_config(TINY, [*base, f"training.run_dir={tmp_path / 'a'}", "training.max_steps=3"]))
+    tr.fit()
+    tr.logger.close()
+    assert reshard_checkpoint.main([str(tmp_path / "a"), "--tp", "2", "--pp", "2", "--out", str(tmp_path / "b")]) == 0
+    shutil.copytree(tmp_path / "b", tmp_path / "converted")
+    assert reshard_checkpoint.main([str(tmp_path / "converted"), "--tp", "1", "--pp", "1"]) == 0
+    direct = _losses(base, tmp_path / "b", 5)  # b's config.toml says tp=2 pp=2; this run has tp=1 pp=1
+    assert direct == _losses(base, tmp_path / "converted", 5) == _losses(base, tmp_path / "a", 5)
+
+    # One stage of a TP=1 x PP=2 layout: reads the two TP shards of source stage 0 only.
+    root, step = reshard.resolve_checkpoint(tmp_path / "b")
+    reads = []
+    real = reshard.ckpt.read_shard
+    monkeypatch.setattr(reshard.ckpt, "read_shard", lambda *a, **k: reads.append((a[2:4], k.get("mmap"))) or real(*a, **k))
+    full = reshard.read_full(root, step, with_optimizer=False)
+    stage = reshard.stage_model(full.cfg, full.vocab_size, 1, 2, 0, 0)
+    reads.clear()
+    got = reshard.stage_state(root, step, stage, 2, 0)
+    assert reads == [((0, 0), True), ((1, 0), True)]
+    want = reshard.shard_state(full, stage, 2, 0)
+    assert got["layout"] == want["layout"] == {"tp": 1, "pp": 2, "tp_rank": 0, "pp_rank": 0, "layers": [0]}
+    assert got["model"].keys() == want["model"].keys()
+    for name in want["model"]:
+        assert torch.equal(got["model"][name], want["model"][name]), name
