@@ -32,11 +32,13 @@ setup(
     ],
     extras_require={
         # transformers: the reference the HF import/export tests compare against (never imported at run time)
-        "dev": ["pytest>=7", "ml_dtypes>=0.4", "scipy>=1.10", "transformers>=4.45"],
+        "dev": ["pytest>=7", "ml_dtypes>=0.4", "scipy>=1.10", "transformers>=4.45", "tensorboard>=2.14"],
         "gpu": ["transformer-engine[pytorch]>=2.8"],
         # Triton quantize kernels (kernels/): used on CUDA tensors; CI runs their tests on CPU
         # under the Triton interpreter. CUDA builds of torch bring a matching triton already.
         "kernels": ["triton>=3.6"],
+        # logging.tensorboard (telemetry/tensorboard_sink.py)
+        "tensorboard": ["tensorboard>=2.14"],
     },
     entry_points={"console_scripts": ["megatron-snip=megatron_snip.train:main"]},
 )

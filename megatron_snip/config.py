@@ -345,6 +345,9 @@ class LoggingConfig:
     wandb_entity: str = ""
     wandb_run_name: str = ""
     wandb_mode: str = "auto"  # "auto" (online iff WANDB_API_KEY is set), "online", "offline", "disabled"
+    # TensorBoard event files in <run_dir>/tensorboard: W&B's scalars and the precision maps
+    # (needs the tensorboard package: pip install -e ".[tensorboard]"; telemetry/tensorboard_sink.py)
+    tensorboard: bool = False
     # Per-device peak TFLOP/s for MFU; 0 = the device's dense BF16 peak from precision/capability.py
     # (no MFU logged where unknown, e.g. on CPU).
     peak_tflops: float = 0.0

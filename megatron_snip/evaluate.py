@@ -77,7 +77,7 @@ def eval_config(checkpoint: str, plan_spec: str, overrides: list[str], run_dir: 
     forced = [f"training.init_from={json.dumps(str(ckpt.step_dir(root, step)))}", "training.init_optimizer=false",
               "training.resume=false", f"training.run_dir={json.dumps(run_dir)}", "training.progress=false",
               "snip.enabled=false", f"precision.initial_plan={json.dumps(plan_spec)}", "data.valid_paths=[]",
-              "logging.wandb_project=\"\""]
+              "logging.wandb_project=\"\"", "logging.tensorboard=false"]
     layout = ["parallel.tp=1", "parallel.pp=1", "parallel.sequence_parallel=false"]
     cfg = load_config(run_cfg, [*layout, *overrides, *forced])
     return cfg, root, step

@@ -118,6 +118,21 @@ def scalars(record: Mapping[str, Any], prefix: str = "") -> dict[str, float | in
     return out
 
 
+def plan_scalars(plan: PrecisionPlan) -> dict[str, float | int]:
+    """The numbers logged for a plan: ``plan/fp4_flops_share``, ``plan/count/<format>`` and, when
+    the plan was solved, ``plan/objective`` (every sink logs these)."""
+    out: dict[str, float | int] = {"plan/fp4_flops_share": plan.fp4_flops_share}
+    out.update({f"plan/count/{fmt}": n for fmt, n in plan.format_counts().items()})
+    if plan.objective is not None:
+        out["plan/objective"] = plan.objective
+    return out
+
+
+def plan_caption(plan: PrecisionPlan) -> str:
+    """The caption of a plan's precision map."""
+    return f"step {plan.step}, {plan.policy}, FP4 share {plan.fp4_flops_share:.3f}, hash {plan.hash}"
+
+
 def _git_root(start: Path) -> Path | None:
     for d in (start, *start.parents):
         if (d / ".git").exists():
@@ -241,20 +256,15 @@ class WandbSink:
         wandb = self._wandb
         table = wandb.Table(columns=list(PLAN_COLUMNS),
                             data=[[g.layer, g.linear, g.gemm, fmt] for g, fmt in plan.entries])
-        data: dict[str, Any] = {"step": plan.step, "plan/table": table, "plan/fp4_flops_share": plan.fp4_flops_share}
+        data: dict[str, Any] = {"step": plan.step, "plan/table": table, **plan_scalars(plan)}
         if costs:
             formats = sorted({f for per in costs.values() for f in per})
             chosen = plan.as_dict()
             rows = [[g.layer, g.linear, g.gemm, "dL" if g.gemm == "fprop" else "dW", chosen.get(g),
                      *(float(per.get(f, math.nan)) for f in formats)] for g, per in sorted(costs.items())]
             data["plan/costs"] = wandb.Table(columns=[*COST_COLUMNS, *formats], data=rows)
-        data.update({f"plan/count/{fmt}": n for fmt, n in plan.format_counts().items()})
-        if plan.objective is not None:
-            data["plan/objective"] = plan.objective
         if png_path is not None:
-            data["plan/map"] = wandb.Image(str(self._existing(png_path)),
-                                           caption=f"step {plan.step}, {plan.policy}, FP4 share "
-                                                   f"{plan.fp4_flops_share:.3f}, hash {plan.hash}")
+            data["plan/map"] = wandb.Image(str(self._existing(png_path)), caption=plan_caption(plan))
         if not self._closed:
             self.run.log(data)
 
@@ -264,9 +274,7 @@ class WandbSink:
         wandb = self._wandb
         data = {"step": step, "final/table": wandb.Table(columns=list(PLAN_COLUMNS),
                                                          data=[[g.layer, g.linear, g.gemm, f] for g, f in plan.entries]),
-                "final/map": wandb.Image(str(self._existing(png_path)),
-                                         caption=f"final plan: step {plan.step}, {plan.policy}, FP4 share "
-                                                 f"{plan.fp4_flops_share:.3f}, hash {plan.hash}")}
+                "final/map": wandb.Image(str(self._existing(png_path)), caption="final plan: " + plan_caption(plan))}
         if not self._closed:
             self.run.log(data)
             self.run.summary.update({"final/fp4_flops_share": plan.fp4_flops_share, "final/plan_hash": plan.hash,

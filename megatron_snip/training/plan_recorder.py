@@ -17,17 +17,17 @@ from megatron_snip.atomic_io import atomic_write_text
 from megatron_snip.precision.plan import PrecisionPlan
 from megatron_snip.snip.host import Replan
 from megatron_snip.telemetry.logger import RunLogger
-from megatron_snip.telemetry.wandb_sink import WandbSink
+from megatron_snip.telemetry.sinks import Sinks
 
 
 class PlanRecorder:
     """The plan history and its files under ``run_dir/plans/`` (see the module docstring)."""
 
-    def __init__(self, run_dir: Path, is_writer: bool, logger: RunLogger, wandb: WandbSink | None) -> None:
+    def __init__(self, run_dir: Path, is_writer: bool, logger: RunLogger, sinks: Sinks | None) -> None:
         self.run_dir = run_dir
         self.is_writer = is_writer
         self.logger = logger
-        self.wandb = wandb
+        self.sinks = sinks  # W&B / TensorBoard
         self.plan_history: list[PrecisionPlan] = []
         self.extra_state: dict[str, Any] = {}  # callbacks' checkpointed state (e.g. the SNIP controller's)
 
@@ -68,8 +68,8 @@ class PlanRecorder:
 
         png = plans_dir / f"step_{step:06d}.png"
         plot_precision_map(plan, png)
-        if self.wandb is not None:
-            self.wandb.log_plan(plan, png, costs=replan.costs)
+        if self.sinks is not None:
+            self.sinks.log_plan(plan, png, costs=replan.costs)
 
     def record_summary(self, plan: PrecisionPlan, step: int) -> None:
         """End of run, on the writer: ``precision_map.png`` (``plan``, the final one) and
@@ -82,9 +82,9 @@ class PlanRecorder:
         plot_precision_map(plan, final_map, title=f"final plan ({plan.policy}, step {plan.step})")
         timeline = self.run_dir / "timeline.png"
         plot_timeline(self.plan_history, timeline)
-        if self.wandb is not None:
-            self.wandb.log_final_plan(plan, final_map, step=step)
-            self.wandb.log_timeline(timeline, step=step)
+        if self.sinks is not None:
+            self.sinks.log_final_plan(plan, final_map, step=step)
+            self.sinks.log_timeline(timeline, step=step)
 
     # --- checkpointed state ---------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -51,7 +51,7 @@ from megatron_snip.precision.capability import require
 from megatron_snip.precision.plan import PrecisionPlan, all_gemm_ids
 from megatron_snip.snip.host import Replan
 from megatron_snip.telemetry.logger import RunLogger, step_line
-from megatron_snip.telemetry.wandb_sink import WandbSink
+from megatron_snip.telemetry.sinks import Sinks
 from megatron_snip.training import checkpoint as ckpt
 from megatron_snip.training.init_from import init_from
 from megatron_snip.training.lr import lr_at
@@ -143,12 +143,12 @@ class Trainer:
         self.plan: PrecisionPlan = resolve_initial_plan(cfg, self.all_gemm_ids, self.linear_numel)
         self.model.set_backend(self._build_backend(self.plan))
 
-        # Optional W&B mirror of metrics.jsonl and of every plan (rank 0 only; None otherwise).
-        self.wandb = WandbSink.from_config(cfg, self.run_dir, is_writer=self.is_writer) if logger is None else None
+        # Optional W&B / TensorBoard mirrors of metrics.jsonl and of every plan (rank 0 only; None otherwise).
+        self.sinks = Sinks.from_config(cfg, self.run_dir, is_writer=self.is_writer) if logger is None else None
         self.logger = logger or RunLogger(self.run_dir, is_writer=self.is_writer,
                                           progress_total=t.max_steps if t.progress else None,
-                                          sinks=[self.wandb] if self.wandb else [])
-        self.recorder = PlanRecorder(self.run_dir, self.is_writer, self.logger, self.wandb)
+                                          sinks=[self.sinks] if self.sinks else [])
+        self.recorder = PlanRecorder(self.run_dir, self.is_writer, self.logger, self.sinks)
         resumed = self.load_latest() if t.resume else False
         if t.init_from and not resumed:  # before anything is written: a refused source leaves no run behind
             self.logger.info(init_from(t.init_from, self.model, self.optimizer, cfg,

@@ -17,7 +17,7 @@ from megatron_snip.training.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
-import reshard_checkpoint  # noqa: E402
+import reshard_checkpoint
 
 TINY = "launch/configs/tiny.toml"
 BASE = [
