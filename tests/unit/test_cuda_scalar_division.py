@@ -23,14 +23,15 @@ def _cpu_scalar(v: object) -> bool:
     return isinstance(v, numbers.Real) or (isinstance(v, torch.Tensor) and v.dim() == 0 and v.device.type == "cpu")
 
 
+_DIVS = (torch.div, torch.true_divide, torch.Tensor.div, torch.Tensor.__truediv__, torch.Tensor.true_divide)
+
+
 class CudaScalarDivision(TorchFunctionMode):
     """Floating-point ``a / b`` with a scalar ``b`` becomes ``a * fl(1 / b)`` (in a's dtype), as on CUDA."""
 
-    DIVS = {torch.div, torch.true_divide, torch.Tensor.div, torch.Tensor.__truediv__, torch.Tensor.true_divide}
-
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if (func in self.DIVS and len(args) == 2 and not kwargs and isinstance(args[0], torch.Tensor)
+        if (func in _DIVS and len(args) == 2 and not kwargs and isinstance(args[0], torch.Tensor)
                 and args[0].is_floating_point() and args[0].dim() > 0 and _cpu_scalar(args[1])):
             a, b = args
             inv = torch.tensor(1.0, dtype=a.dtype) / torch.tensor(float(b), dtype=a.dtype)  # opmath 1/b
