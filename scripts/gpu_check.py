@@ -254,7 +254,7 @@ def check_scaled_op(device, smoke: bool) -> None:
 
     from kernels.quantize import scaled_operand
     from megatron_snip.precision.formats import Operand, get_format
-    from megatron_snip.precision.quantize.scaled import SCALED_FORMATS, quantize_scaled
+    from megatron_snip.precision.quantize.scaled import SCALED_FORMATS, ScaledOperand, dequantize, quantize_scaled
 
     total = ok = 0
     bad: list[str] = []
@@ -267,9 +267,13 @@ def check_scaled_op(device, smoke: bool) -> None:
                         v = (x if layout == "rows" else x.t().contiguous().t()).to(dtype)
                         want = quantize_scaled(v, fmt, operand)  # the CPU reference (scaled_elements)
                         elements, scale = scaled_operand(v.to(device), spec, operand, None)
-                        same = (elements.dtype == want.elements.dtype and torch.equal(
-                            elements.cpu().view(torch.uint8), want.elements.view(torch.uint8))
-                            and bits_equal(scale, want.scale))
+                        got = ScaledOperand(elements, scale)
+                        # elements as values, any NaN equal to any NaN (payloads may differ); the
+                        # interpreter's float8 cast maps NaN to -max (a GPU keeps NaN): --smoke
+                        # compares those through the decoded operand only
+                        same = (elements.dtype == want.elements.dtype and bits_equal(scale, want.scale)
+                                and bits_equal(dequantize(got), dequantize(want))
+                                and (smoke and name == "nan_inf" or bits_equal(elements.float(), want.elements.float())))
                         total += 1
                         ok += same
                         if not same and len(bad) < 4:
@@ -328,11 +332,11 @@ def check_bandwidth(device, smoke: bool) -> None:
     from megatron_snip.precision.formats import Operand, get_format
     from megatron_snip.precision.quantize.noise import draw_seeds
 
-    rows, cols = (256, 256) if smoke else (8192, 8192)
-    reps = 2 if smoke else 10
+    rows, cols = (128, 128) if smoke else (8192, 8192)
+    reps, warmup = (1, 0) if smoke else (10, 2)  # the interpreter is slow; its figures mean nothing
     src = torch.randn(rows * 4, cols, device=device)  # 1 GiB on a GPU
     dst = torch.empty_like(src)
-    copy_s = timed(lambda: dst.copy_(src), device, reps)
+    copy_s = timed(lambda: dst.copy_(src), device, reps, warmup)
     copy_bw = 2 * src.numel() * 4 / copy_s
     line("copy_bw", f"{copy_bw / 1e9:.0f} GB/s device-to-device (read + write, {src.numel() * 4 / 2**30:.2f} GiB)")
     x = torch.randn(rows, cols, device=device)
@@ -341,7 +345,7 @@ def check_bandwidth(device, smoke: bool) -> None:
         for operand in (Operand.ACTIVATION, Operand.GRADIENT):
             seeds = draw_seeds(None, device) if spec.stochastic_for(operand) else None
             hadamard = spec.wgrad_hadamard and operand is Operand.GRADIENT
-            s = timed(lambda: qdq(x, spec, operand, hadamard, False, None, seeds), device, reps)
+            s = timed(lambda: qdq(x, spec, operand, hadamard, False, None, seeds), device, reps, warmup)
             frac = 2 * x.numel() * 4 / s / copy_bw
             line("kernel_bw", f"{fmt} {operand.value}{' +RHT' if hadamard else ''}{' +SR' if seeds is not None else ''}: "
                  f"{frac:.0%} of copy bandwidth (fp32 in/out, {x.numel() / s / 1e9:.1f} Gelem/s)",
@@ -349,7 +353,7 @@ def check_bandwidth(device, smoke: bool) -> None:
     xb = x.to(torch.bfloat16)
     for fmt in ("fp8", "fp8_block"):
         spec = get_format(fmt)
-        s = timed(lambda: scaled_operand(xb, spec, Operand.ACTIVATION, None), device, reps)
+        s = timed(lambda: scaled_operand(xb, spec, Operand.ACTIVATION, None), device, reps, warmup)
         frac = x.numel() * (2 + 1) / s / copy_bw
         line("kernel_bw", f"{fmt} scaled-mm operand (bf16 in, float8 out): {frac:.0%} of copy bandwidth",
              "INFO" if smoke else ("OK" if frac >= 0.7 else "FAIL"))
