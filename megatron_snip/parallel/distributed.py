@@ -112,7 +112,8 @@ def init_distributed(tp: int, pp: int, *, device_type: str | None = None, timeou
 def is_collective_failure(error: BaseException) -> bool:
     """Whether ``error`` is a failed collective (a peer died, hung past the timeout, or reset the
     connection) rather than a bug: torch's ``DistError`` family, or the bare ``RuntimeError``
-    gloo raises with its source location (``.../gloo/transport/tcp/pair.cc:537] Read error ...``)."""
+    gloo raises with its source location (``.../gloo/transport/tcp/pair.cc:537] Read error ...``).
+    On NCCL a timed-out collective ends the process from torch's watchdog instead (module docstring)."""
     if isinstance(error, dist.DistError):
         return True
     text = str(error)
