@@ -398,7 +398,8 @@ def reduce_scatter_sum_async(flat: torch.Tensor, group: object) -> tuple[torch.T
     keeping this rank's contiguous 1/n: (the output shard, filled once ``work.wait()`` returns; the
     work handle). ``flat`` must live until then."""
     out = torch.empty(flat.numel() // comm.group_size(group), dtype=flat.dtype, device=flat.device)
-    work = dist.reduce_scatter_tensor(out, comm.check_device(flat, group, "gradient reduce-scatter"), op=dist.ReduceOp.SUM, group=group, async_op=True)
+    flat = comm.check_device(flat, group, "gradient reduce-scatter")
+    work = dist.reduce_scatter_tensor(out, flat, op=dist.ReduceOp.SUM, group=group, async_op=True)
     return out, work
 
 
@@ -408,7 +409,8 @@ def all_gather_flat(shard: torch.Tensor, group: object) -> torch.Tensor:
     if n == 1:
         return shard
     out = torch.empty(shard.numel() * n, dtype=shard.dtype, device=shard.device)
-    dist.all_gather_into_tensor(out, comm.check_device(shard, group, "parameter all-gather").contiguous(), group=group)
+    shard = comm.check_device(shard, group, "parameter all-gather")
+    dist.all_gather_into_tensor(out, shard.contiguous(), group=group)
     return out
 
 
@@ -420,5 +422,6 @@ def gather_flat_to_first(shard: torch.Tensor, group: object) -> torch.Tensor | N
         return shard
     dst = dist.get_global_rank(group, 0)
     parts = [torch.empty_like(shard) for _ in range(n)] if comm.group_rank(group) == 0 else None
-    dist.gather(comm.check_device(shard, group, "optimizer-state gather").contiguous(), parts, dst=dst, group=group)
+    shard = comm.check_device(shard, group, "optimizer-state gather")
+    dist.gather(shard.contiguous(), parts, dst=dst, group=group)
     return torch.cat(parts) if parts is not None else None

@@ -14,7 +14,8 @@ does not (for messages past its small eager threshold); this model keeps what ma
   progress together; a call starts only when the previous call on its stream has completed;
 * the k-th send from A to B matches the k-th receive on B from A of the same communicator; both
   must have the same dtype and element count;
-* collectives (``broadcast``, ``all_reduce``) are a rendezvous of every rank of the group;
+* a collective (``broadcast``, the schedules' last call) is a rendezvous of every rank of the group,
+  on the group's stream;
 * every tensor handed to an op lives on the group's device (NCCL refuses anything else).
 
 ``buffered=True`` gives gloo's behaviour instead (a send completes at once): the reference.
@@ -33,7 +34,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 
 class Deadlock(RuntimeError):
@@ -98,8 +98,6 @@ class RendezvousWorld:
     """The ``torch.distributed`` functions ``parallel/comm.py`` uses, over ``size`` thread-ranks
     sharing one group (``self.group``, all ranks); see the module docstring for the semantics."""
 
-    ReduceOp = dist.ReduceOp
-
     def __init__(self, size: int, *, buffered: bool = False, device: str = "cpu", limit_s: float = 120.0) -> None:
         self.size, self.buffered, self.limit_s = size, buffered, limit_s
         self.group = FakeGroup(tuple(range(size)), torch.device(device))
@@ -146,16 +144,6 @@ class RendezvousWorld:
         def apply(ts: dict[int, torch.Tensor]) -> None:
             for t in ts.values():
                 t.copy_(ts[src])
-        self._collective(tensor, group, apply)
-
-    def all_reduce(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: FakeGroup | None = None) -> None:
-        assert op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX), op
-
-        def apply(ts: dict[int, torch.Tensor]) -> None:
-            stacked = torch.stack([ts[r] for r in sorted(ts)])
-            out = stacked.sum(0) if op == dist.ReduceOp.SUM else stacked.amax(0)
-            for t in ts.values():
-                t.copy_(out)
         self._collective(tensor, group, apply)
 
     # --- running ranks -------------------------------------------------------------------------
@@ -309,6 +297,7 @@ class RendezvousWorld:
         heads = []
         for (rank, stream), q in sorted(self._streams.items(), key=lambda kv: kv[0][0]):
             if q:
-                ops = ", ".join(f"{o.kind} {'to' if o.kind == 'send' else 'from'} {o.peer}" for o in q[0].ops if not o.done)
+                pending = [o for o in q[0].ops if not o.done]
+                ops = ", ".join(f"{o.kind} {'to' if o.kind == 'send' else 'from'} {o.peer}" for o in pending)
                 heads.append(f"rank {rank} on {stream[0]} stream: {ops or 'collective'}")
         return "; ".join(heads)
