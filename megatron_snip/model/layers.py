@@ -13,6 +13,8 @@ parallel/comm.py):
   [gate; up] -> local [gate_r; up_r]).
 * ``RowParallelLinear`` (proj, fc2): weight columns (input features) sharded; partial
   outputs summed (``reduce_from_tp``) or reduce-scattered along the sequence.
+* ``VocabParallelEmbedding``, ``ParallelLMHead`` and ``vocab_parallel_cross_entropy``:
+  the vocabulary is sharded over TP; the full (B, S, V) logits never exist on one rank.
 
 Tensor scales under TP (``set_tp_amax``, ``precision.tp_amax``): "tensor" reduces the amax of
 each *sharded* operand over the TP group, so every shard scales like the unsharded tensor, and
@@ -22,8 +24,6 @@ quantized) and a row-parallel linear's dY (the identity backward of the all-redu
 all-gather backward of the reduce-scatter under sequence parallelism). "shard" reduces nothing:
 each shard scales by its own amax, as Transformer Engine does per module - valid because each
 partial GEMM is dequantized before the partial results are summed.
-* ``VocabParallelEmbedding``, ``ParallelLMHead`` and ``vocab_parallel_cross_entropy``:
-  the vocabulary is sharded over TP; the full (B, S, V) logits never exist on one rank.
 
 Initialization is layout-independent: each weight is drawn in full from its own generator
 (seeded by the model seed and the parameter's global name) and then sliced, so a TP=2 or

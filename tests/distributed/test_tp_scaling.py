@@ -15,6 +15,8 @@
 * The te backend on the TE stand-in (tests/te_standin.py: TE's per-module semantics, local amaxes)
   equals the emulated backend with ``tp_amax="shard"`` on a whole TP=2 model, losses and
   gradients bitwise, over two micro-batches whose weights TE is told to quantize once.
+* SNIP's measured GEMMs (``snip.stats.quantized_gemms`` on the layer's X and dY) are the layer's
+  own per-shard GEMMs, bit for bit.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from megatron_snip.parallel import comm
 from megatron_snip.parallel.distributed import init_distributed
 from megatron_snip.precision.gemm import AmaxReducers, quant_linear
 from megatron_snip.precision.plan import GemmPrecision
+from megatron_snip.snip.stats import quantized_gemms
 
 CFG = ModelConfig(num_layers=2, hidden_size=64, ffn_hidden_size=64, num_attention_heads=4, num_kv_heads=2)
 VOCAB, B, S = 320, 2, 32
@@ -102,8 +105,8 @@ def _dense_per_shard(f, x, up, prec, rank, sp, column):
             parts.append(_grads(linear, shard_tensor(x, 2, 2, r), shard_tensor(f.weight, 1, 2, r), up))
     (y0, dx0, dw0), (y1, dx1, dw1) = parts
     if column:  # output columns are local; dX partials summed over TP (then sequence-scattered under SP)
-        return parts[rank][0], _seq(dx0 + dx1, rank, sp), parts[rank][2]
-    return _seq(y0 + y1, rank, sp), parts[rank][1], parts[rank][2]
+        return (parts[rank][0], _seq(dx0 + dx1, rank, sp), parts[rank][2]), parts[rank]
+    return (_seq(y0 + y1, rank, sp), parts[rank][1], parts[rank][2]), parts[rank]
 
 
 def _count_all_reduce_max(calls: list[int]):
@@ -135,9 +138,15 @@ def _worker(rank: int, world: int, sp: bool) -> dict:
             calls.clear()
             got = _run_layer(p, x, up, rank, sp, column)
             assert not calls, f"{label}: per-shard scaling ran {len(calls)} amax collectives"
-            want = _dense_per_shard(f, x, up, prec, rank, sp, column)
+            want, own = _dense_per_shard(f, x, up, prec, rank, sp, column)
             for name, a, b in zip(("y", "dx", "dw"), got, want):
                 assert torch.equal(a, b), f"{label} shard {name}: max diff {(a - b).abs().max()}"
+            # SNIP measures this rank's GEMMs the same way (its quantized_gemms on the layer's X and dY)
+            x_loc = x if column else shard_tensor(x, 2, 2, rank)
+            g_loc = shard_tensor(up, 2, 2, rank, p.partitions) if column else up
+            measured = quantized_gemms(p, x_loc.reshape(-1, x_loc.shape[-1]), g_loc.reshape(-1, g_loc.shape[-1]), prec)
+            for name, a, b in zip(("y", "dx", "dw"), measured, own):
+                assert torch.equal(a, b.reshape(a.shape)), f"{label} SNIP's measured {name} is not the layer's GEMM"
             # "tensor": replicated operands skipped - the bits of reducing every operand, fewer collectives
             p.set_tp_amax("tensor")
             calls.clear()
