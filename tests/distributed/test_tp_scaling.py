@@ -95,7 +95,7 @@ def _run_layer(p, x, up, rank, sp, column):
 
 def _dense_per_shard(f, x, up, prec, rank, sp, column):
     """What the TP layer must return on ``rank``, built from the full weight one shard at a time."""
-    linear = lambda a, w: quant_linear(a, w, prec)  # noqa: E731 - local amaxes: per shard
+    linear = lambda a, w: quant_linear(a, w, prec)  # local amaxes: per shard
     parts = []
     for r in range(2):
         if column:
@@ -103,7 +103,7 @@ def _dense_per_shard(f, x, up, prec, rank, sp, column):
             parts.append(_grads(linear, x, w, shard_tensor(up, 2, 2, r, f.partitions)))
         else:
             parts.append(_grads(linear, shard_tensor(x, 2, 2, r), shard_tensor(f.weight, 1, 2, r), up))
-    (y0, dx0, dw0), (y1, dx1, dw1) = parts
+    (y0, dx0, _), (y1, dx1, _) = parts
     if column:  # output columns are local; dX partials summed over TP (then sequence-scattered under SP)
         return (parts[rank][0], _seq(dx0 + dx1, rank, sp), parts[rank][2]), parts[rank]
     return (_seq(y0 + y1, rank, sp), parts[rank][1], parts[rank][2]), parts[rank]
@@ -123,7 +123,7 @@ def _count_all_reduce_max(calls: list[int]):
 
 def _worker(rank: int, world: int, sp: bool) -> dict:
     topo = init_distributed(tp=2, pp=1, device_type="cpu", timeout_s=60)
-    full, tp, pairs = _models(topo, sp)
+    _, _, pairs = _models(topo, sp)
     out = {"shard_differs": [], "counts": {}}
     calls: list[int] = []
     real_all_reduce_max = _count_all_reduce_max(calls)

@@ -167,3 +167,19 @@ def test_per_gemm_plans_refused_at_start_up(fake_te, monkeypatch, small_override
     with pytest.raises(ValueError, match='snip.granularity="gemm"'):
         trainer_mod.Trainer(cfg)
     assert fake_te.modules_built == []  # refused before any step
+
+
+def test_trainer_applies_tp_amax_to_the_model_and_te(fake_te, monkeypatch, small_overrides):
+    from megatron_snip.config import load_config
+    from megatron_snip.model.llama import LlamaModel
+    from megatron_snip.training import trainer as trainer_mod
+
+    modes = []
+    real = LlamaModel.set_tp_amax
+    monkeypatch.setattr(LlamaModel, "set_tp_amax", lambda self, mode: modes.append(mode) or real(self, mode))
+    monkeypatch.setattr(trainer_mod, "require", lambda *a, **k: None)  # TE's capability table: not on CPU
+    cfg = load_config("launch/configs/tiny.toml", small_overrides + ["precision.backend=te", "precision.tp_amax=shard"])
+    t = trainer_mod.Trainer(cfg)
+    assert modes == ["shard"]
+    lin = next(t.model.precision_linears())
+    assert isinstance(lin.backend, TEBackend) and lin.backend.tp_amax == "shard"

@@ -25,8 +25,9 @@ What it does and does not do:
     X scale by their own. That is also what TE's own ``parallel_mode``/``tp_group``/
     ``sequence_parallel`` would compute: it reduces amaxes over ``tp_group`` only for the input
     of a column-parallel and the output gradient of a row-parallel module under sequence
-    parallelism, which it gathers in FP8 - the gathered tensor's amax, as ours (TE's
-    ``Linear._customize_quantizers_float8_current_scaling`` / ``_nvfp4``). We keep our comm
+    parallelism, which it gathers in FP8 - the gathered tensor's amax, the one ours uses (TE's
+    ``Linear._customize_quantizers_float8_current_scaling`` / ``_nvfp4``); so the tensor scales
+    agree, and only TE's kernels make it differ from the reference. We keep our comm
     because (1) it is the one place that calls torch.distributed, in the order every rank must
     follow, with the SP shard saving/prefetch (parallel/sequence_shard.py) and SNIP's probes
     (which read X and dY at the layer) built on it; (2) TE's parallel modules would replace our
