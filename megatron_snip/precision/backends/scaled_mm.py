@@ -42,7 +42,7 @@ import torch
 from megatron_snip.precision import fallbacks
 from megatron_snip.precision.backends import Backend
 from megatron_snip.precision.formats import Operand, get_format
-from megatron_snip.precision.gemm import emulated_gemm, quant_linear
+from megatron_snip.precision.gemm import AmaxReducers, GemmAmaxReduce, emulated_gemm, operand_reducers, quant_linear
 from megatron_snip.precision.plan import GemmPrecision
 from megatron_snip.precision.quantize.scaled import SCALED_FORMATS, ScaledOperand, dequantize, quantize_scaled
 
@@ -278,7 +278,7 @@ class ScaledMMGemm:
             fallbacks.record(f"torch backend {key} runs the emulated GEMM", reason)
 
     def __call__(self, fmt: str, a: torch.Tensor, a_kind: Operand, b: torch.Tensor, b_kind: Operand, *,
-                 hadamard: bool, amax_reduce: AmaxReduce | None, generator: torch.Generator | None,
+                 hadamard: bool, amax_reduce: GemmAmaxReduce, generator: torch.Generator | None,
                  compiled: bool) -> torch.Tensor:
         ok, reason = scaled_mm_support(fmt, a.device, a_kind, b_kind, cpu_reference=self.cpu_reference)
         if ok:
@@ -289,8 +289,9 @@ class ScaledMMGemm:
             return emulated_gemm(fmt, a, a_kind, b, b_kind, hadamard=hadamard, amax_reduce=amax_reduce,
                                  generator=generator, compiled=compiled)
         assert not hadamard and not get_format(fmt).stochastic_gradients  # SCALED_FORMATS have neither
-        qa = quantize_scaled(a, fmt, a_kind, amax_reduce=amax_reduce)
-        qb = quantize_scaled(b, fmt, b_kind, amax_reduce=amax_reduce)
+        reduce_a, reduce_b = operand_reducers(amax_reduce)
+        qa = quantize_scaled(a, fmt, a_kind, amax_reduce=reduce_a)
+        qb = quantize_scaled(b, fmt, b_kind, amax_reduce=reduce_b)
         try:
             return _mm(qa, qb)
         except (RuntimeError, ValueError) as e:  # a shape or layout this scaled-mm refuses (probe passed)
@@ -329,8 +330,9 @@ class TorchBackend(Backend):
         weight: torch.Tensor,
         precision: GemmPrecision,
         *,
-        amax_reduce: AmaxReduce | None = None,
+        amax_reduce: AmaxReducers | AmaxReduce | None = None,
         generator: torch.Generator | None = None,
+        is_first_microbatch: bool | None = None,
     ) -> torch.Tensor:
         return quant_linear(x, weight, precision, amax_reduce=amax_reduce, generator=generator,
                             compiled=self.compiled, gemm=self.gemm)
