@@ -34,6 +34,8 @@ def test_smoke_passes_the_scaled_mm_checks_on_cpu():
     assert len(gemm) == 1 and "exercised: scaled-mm for fprop, dgrad, wgrad" in gemm[0] and gemm[0].endswith("OK")
     block = _lines(run.stdout, "gemm_fp8_block")  # CPU torch refuses block scales: not expected there
     assert len(block) == 1 and "emulated fallback" in block[0] and "not expected here" in block[0]
+    compiles = _lines(run.stdout, "compiles")  # the Triton / torch.compile count and each check's seconds
+    assert len(compiles) == 1 and "Triton kernel specializations" in compiles[0] and "gemms" in compiles[0]
 
 
 def test_smoke_fails_on_a_forced_fallback():
