@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _smoke(*extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
     return subprocess.run([sys.executable, "scripts/gpu_check.py", "--smoke", "--only", "scaled_mm,gemms", *extra],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+                          check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
 def _lines(out: str, name: str) -> list[str]:
