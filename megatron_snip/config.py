@@ -219,6 +219,7 @@ class TrainingConfig:
     # directory (config.json + safetensors). "" = random init. Ignored when resuming.
     init_from: str = ""
     init_optimizer: bool = False  # init_from one of our checkpoints: also take its AdamW moments
+    init_from_ignore_unused: bool = False  # init_from an HF directory: load even if it has tensors no parameter uses
     save_interval: int = 0  # steps between checkpoints (0 = only at the end)
     keep_checkpoints: int = 2
     eval_interval: int = 50
