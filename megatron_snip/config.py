@@ -27,6 +27,12 @@ def _err(field_name: str, value: Any, fix: str) -> ValueError:
     return ValueError(f"config {field_name}={value!r}: {fix}")
 
 
+def _seed(field_name: str, value: Any) -> None:
+    """Seeds feed torch (< 2**64, after offsets are added) and numpy generators: [0, 2**32)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**32:
+        raise _err(field_name, value, "must be an integer in [0, 2**32), e.g. 1234")
+
+
 def _positive(section: str, obj: Any, *names: str) -> None:
     for n in names:
         v = getattr(obj, n)
@@ -159,6 +165,7 @@ class SnipConfig:
 
     def __post_init__(self) -> None:
         _finite("snip", self)
+        _seed("snip.seed", self.seed)
         if not 0.0 <= self.fp4_target <= 1.0:
             raise _err("snip.fp4_target", self.fp4_target, "must be a fraction in [0, 1] (e.g. 0.75)")
         if self.granularity not in ("layer", "gemm"):
@@ -234,6 +241,7 @@ class TrainingConfig:
 
     def __post_init__(self) -> None:
         _finite("training", self)
+        _seed("training.seed", self.seed)
         if self.resume not in (True, False, "auto"):
             raise _err("training.resume", self.resume, "choose true, false or \"auto\" (resume if run_dir has a checkpoint)")
         _positive("training", self, "max_steps", "micro_batch_size", "global_batch_size", "seq_len", "lr",
@@ -482,6 +490,9 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     raw: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
+        if path.is_dir():
+            raise ValueError(f"config file {str(path)!r} is a directory; give a TOML file in it (e.g. "
+                             f"{path / 'config.toml'}) or one of launch/configs/*.toml")
         if not path.is_file():
             raise ValueError(f"config file {str(path)!r} does not exist; see launch/configs/ for examples")
         try:

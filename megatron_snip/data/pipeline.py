@@ -115,4 +115,20 @@ def build_data(cfg: Config, *, is_writer: bool = True) -> DataBundle:
     sets = build_datasets(train_idx, cfg.training.seq_len, tokenizer.eod_id, split=d.split,
                           seed=cfg.training.seed, extra_valid=extra)
     valid = {k: v for k, v in sets.items() if k not in ("train", "test")}
+    check_eval_batches(cfg, valid)
     return DataBundle(tokenizer, sets["train"], valid)
+
+
+def check_eval_batches(cfg: Config, valid: dict[str, GPTDataset]) -> None:
+    """Refuse an evaluation longer than a held-out set: ``training.eval_batches`` micro-batches
+    would cycle through the same windows again and again (the mean does not change; the time does)."""
+    t = cfg.training
+    for name, ds in valid.items():
+        if t.eval_batches * t.micro_batch_size > len(ds):
+            most = len(ds) // t.micro_batch_size
+            fix = (f"set training.eval_batches <= {most}" if most else
+                   f"set training.micro_batch_size <= {len(ds)} or hold out more text (data.split)")
+            where = "the held-out split of data.train_path" if name == "valid" else f"data.valid_paths entry {name!r}"
+            raise ValueError(f"config training.eval_batches={t.eval_batches} x training.micro_batch_size="
+                             f"{t.micro_batch_size} = {t.eval_batches * t.micro_batch_size} sequences, but {where} has "
+                             f"only {len(ds)} windows of training.seq_len={t.seq_len} tokens; {fix}")
