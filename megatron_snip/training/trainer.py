@@ -42,6 +42,7 @@ from megatron_snip.data.pipeline import DataBundle, build_data
 from megatron_snip.model.llama import LlamaModel
 from megatron_snip.model.shapes import linear_numel, model_linear_shapes
 from megatron_snip.parallel import comm
+from megatron_snip.snip.feasibility import check_candidates_runnable
 from megatron_snip.parallel.ddp import GradReducer, counted_once, global_norm
 from megatron_snip.parallel.distributed_optimizer import DistributedOptimizer
 from megatron_snip.parallel.pipeline import schedule_for
@@ -187,6 +188,7 @@ class Trainer:
         self.extra_state: dict[str, Any] = {}  # callbacks' checkpointed state (e.g. the SNIP controller's)
         # Plans name every GEMM of the model; each pipeline stage applies the entries of its own layers.
         self.all_gemm_ids = all_gemm_ids(cfg.model.num_layers)
+        check_candidates_runnable(cfg, self.topo.tp)  # before any step, not at the first re-plan
         self.plan: PrecisionPlan = resolve_initial_plan(cfg, self.all_gemm_ids, self.linear_numel)
         self.model.set_backend(self._build_backend(self.plan))
 

@@ -167,12 +167,12 @@ def test_dp2_matches_dp1_with_the_same_global_batch(cache_dir, tmp_path, ref3):
     assert all(r["nan_step_skipped"] and r["nan_step_weights_kept"] for r in res), res
 
 
-def _plan_file(tmp_path, num_layers: int) -> str:
+def _plan_file(tmp_path, num_layers: int, fprop: str = "nvfp4") -> str:
     """NVFP4 forward, FP8 gradients: low precision without stochastic rounding (whose draws
     depend on the local shard shape, so no two layouts could agree)."""
     numel = linear_numel(model_linear_shapes(load_config(TINY, BASE).model))
-    entries = {g: ("nvfp4" if g.gemm == "fprop" else "fp8") for g in all_gemm_ids(num_layers)}
-    path = tmp_path / "plan.json"
+    entries = {g: (fprop if g.gemm == "fprop" else "fp8") for g in all_gemm_ids(num_layers)}
+    path = tmp_path / f"plan_{fprop}.json"
     path.write_text(PrecisionPlan.create(entries, numel, policy="test:nvfp4_fprop+fp8_grads").to_json())
     return str(path)
 
@@ -229,12 +229,19 @@ def test_tp2_pp2_low_precision_trains_like_one_rank_and_resumes_exactly(cache_di
     ref_bf16 = _run(None, over + [f"training.run_dir={tmp_path / 'bf16'}", "training.max_steps=4",
                                   "precision.initial_plan=bf16"], 4)
     par = over + ["parallel.tp=2", "parallel.pp=2", f"parallel.sequence_parallel={str(sequence_parallel).lower()}"]
-    res = run_ranks(_resume_worker, 4, args=(par, str(tmp_path / "a"), str(tmp_path / "b")), timeout_s=150)
+    res = run_ranks(_resume_worker, 4, args=(par, str(tmp_path / "a"), str(tmp_path / "b")), timeout_s=300)
     # The fp32 reordering of TP's partial sums may flip a few quantized values by one step, as
     # many as the CPU's matmul blocking puts near a rounding boundary: the drift is bounded in
     # units of the quantization effect (quantization_noise.py), not by a constant fitted here.
     worst = _drift([r["a"] for r in res], ref, ref_bf16)
     assert max(worst.values()) <= MAX_RATIO, worst
+    # ... and the bound can fail: re-drawing the forward quantization (MXFP4's E8M0 32-blocks for
+    # NVFP4's, as a sharding bug would re-draw it) puts the gradients and weights past it (measured
+    # ~1.3; the 4 step losses are too few numbers for that: their quantization effects partly cancel).
+    other = _run(None, BASE + [f"data.cache_dir={cache_dir}", f"precision.initial_plan={_plan_file(tmp_path, 2, 'mxfp4')}",
+                               f"training.run_dir={tmp_path / 'mxfp4'}", "training.max_steps=4"], 4)
+    redrawn = _drift([other], ref, ref_bf16)
+    assert min(redrawn["grads0"], redrawn["params"]) > MAX_RATIO, redrawn
     assert len({tuple(r["a"]["losses"]) for r in res}) == 1, "all 4 ranks must log the same losses"
     # resume: bit-identical to the uninterrupted 4-rank run
     a_losses = {s + 1: v for s, v in enumerate(res[0]["a"]["losses"])}

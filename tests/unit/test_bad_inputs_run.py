@@ -61,3 +61,20 @@ def test_eval_batches_beyond_the_held_out_split_are_refused(small_overrides):
                                          r"sequences, but the held-out split of data.train_path has only \d+ windows "
                                          r"of training.seq_len=32 tokens; set training.eval_batches <= \d+"):
         Trainer(load_config(TINY, small_overrides + ["training.eval_batches=5000"]))
+
+
+def test_a_candidate_that_cannot_block_a_gemm_is_refused_at_start_up(small_overrides):
+    """ffn 776 is not a multiple of NVFP4's 16-element blocks: fc2's fprop and dgrad cannot run
+    in it. Refused before the first step (it used to stop the run at the first re-plan)."""
+    over = small_overrides + ["model.ffn_hidden_size=776", "snip.enabled=true", "snip.fp4_target=1.0",
+                              'snip.formats=["fp8", "nvfp4"]']
+    with pytest.raises(ValueError) as e:
+        Trainer(load_config(TINY, over))
+    msg = str(e.value)
+    assert msg.startswith("config snip.formats=['fp8', 'nvfp4']") and "format 'nvfp4' cannot run GEMM(s) fc2.fprop, " \
+        "fc2.dgrad of every layer" in msg and "size 776" in msg, msg
+    assert "snip.fp4_target=1.0 could not be met either: the other candidates reach at most" in msg, msg
+    assert "model.ffn_hidden_size" in msg and "drop the format from snip.formats" in msg, msg
+    # the same shapes without nvfp4 among the candidates start
+    Trainer(load_config(TINY, over[:-2] + ["snip.fp4_target=0.5", 'snip.formats=["fp8", "mxfp4"]',
+                                           "model.ffn_hidden_size=768"])).logger.close()
