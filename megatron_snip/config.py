@@ -232,6 +232,10 @@ class TrainingConfig:
     eval_interval: int = 50
     eval_batches: int = 4
     log_interval: int = 10
+    # After a stop signal (SIGTERM/SIGUSR1/SIGINT) the run saves at the next step boundary; if none
+    # comes within this many seconds, or a second signal arrives, it ends at once without saving
+    # (training/preemption.py). 0 = no deadline. Keep it below torchrun's --shutdown-timeout.
+    preempt_grace_s: float = 180.0
     max_consecutive_skips: int = 5  # non-finite loss/grad steps in a row before the run stops
     # Post-step guard: stop (before saving) when one update multiplies the global parameter norm
     # by more than this, or makes it non-finite; 0 checks finiteness only. Normal steps change it
@@ -250,6 +254,8 @@ class TrainingConfig:
             raise _err("training.min_lr", self.min_lr, f"must be in [0, training.lr={self.lr}]")
         if self.lr_schedule not in ("cosine", "wsd", "constant"):
             raise _err("training.lr_schedule", self.lr_schedule, "choose 'cosine', 'wsd' or 'constant'")
+        if self.preempt_grace_s < 0:
+            raise _err("training.preempt_grace_s", self.preempt_grace_s, "must be >= 0 seconds (0 = no deadline)")
         if self.warmup_steps < 0:
             raise _err("training.warmup_steps", self.warmup_steps, "must be >= 0")
         if not 0.0 < self.wsd_decay_fraction <= 1.0:

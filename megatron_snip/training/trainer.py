@@ -58,7 +58,7 @@ from megatron_snip.training import checkpoint as ckpt
 from megatron_snip.training.init_from import init_from
 from megatron_snip.training.lr import lr_at
 from megatron_snip.training.optim import build_optimizer
-from megatron_snip.training.preemption import StopSignal, TrainingPreempted
+from megatron_snip.training.preemption import StopSignal, TrainingPreempted, describe_last_checkpoint
 from megatron_snip.training.resume_check import compare
 from megatron_snip.training.vocab_check import model_vocab_size
 from megatron_snip.training.throughput import Throughput, peak_memory_text
@@ -482,7 +482,7 @@ class Trainer:
         window = _LogWindow()
         fit_start, first_step = time.perf_counter(), self.step
         last_eval: dict[str, float] = {}
-        with StopSignal() as stop:
+        with StopSignal(t.preempt_grace_s, lambda: describe_last_checkpoint(self.ckpt_root)) as stop:
             while self.step < t.max_steps:
                 step = self.step
                 for cb in callbacks:
