@@ -177,7 +177,7 @@ class HFCheckpointReader:
         """safe_open, with an unreadable file (truncated, corrupt header, missing) named in a ValueError."""
         try:
             return safe_open(str(path), framework="pt")
-        except Exception as err:  # safetensors raises its own SafetensorError, or OSError
+        except Exception as err:  # noqa: BLE001 - safetensors raises its own SafetensorError, or OSError
             raise ValueError(f"{path} cannot be read as safetensors ({type(err).__name__}: {err}): the file is "
                              f"truncated or corrupt; download or save it again") from None
 
@@ -207,7 +207,7 @@ class HFCheckpointReader:
                 t = sl[start:stop]
             else:
                 t = sl[:, start:stop]
-        except Exception as err:  # a truncated data section surfaces only when the bytes are read
+        except Exception as err:  # noqa: BLE001 - a truncated data section surfaces only when read
             raise ValueError(f"{self.dir / self._where[name]}: tensor {name!r} cannot be read ({err}): the file is "
                              f"truncated or corrupt; download or save it again") from None
         return t.to(torch.float32)

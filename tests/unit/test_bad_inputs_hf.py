@@ -3,7 +3,6 @@ message naming the file or tensor, the value and the fix, and writes nothing hal
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -12,13 +11,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from megatron_snip.config import load_config
-from megatron_snip.interop import hf
 from megatron_snip.data.tokenizer import ByteTokenizer
+from megatron_snip.interop import hf
 from megatron_snip.model.llama import LlamaModel, pad_vocab
 from megatron_snip.training.trainer import Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import convert_hf  # noqa: E402
+import convert_hf
 
 TINY = "launch/configs/tiny.toml"
 
