@@ -152,6 +152,7 @@ class IndexedDatasetBuilder:
         fd, self._bin_tmp = tempfile.mkstemp(dir=folder, prefix=base + ".bin.tmp")
         self._bin_file = os.fdopen(fd, "wb")
         self._idx_tmp: str | None = None
+        self._fp_tmp: str | None = None
         self._sequence_lengths: list[int] = []
         self._document_indices: list[int] = [0]
         self._done = False
@@ -213,10 +214,10 @@ class IndexedDatasetBuilder:
             # .bin first, then its fingerprint, then .idx: a reader that sees the new .idx also
             # sees its .bin and fingerprint.
             publish(self._bin_tmp, bin_path(self.prefix))
-            fd, fp_tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(self.prefix) + ".fp.tmp")
+            fd, self._fp_tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(self.prefix) + ".fp.tmp")
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(bin_fingerprint(bin_path(self.prefix)), f)
-            publish(fp_tmp, fingerprint_path(self.prefix))
+            publish(self._fp_tmp, fingerprint_path(self.prefix))
             publish(self._idx_tmp, idx_path(self.prefix))
         except BaseException:
             self.abort()
@@ -229,7 +230,7 @@ class IndexedDatasetBuilder:
         self._done = True
         if not self._bin_file.closed:
             self._bin_file.close()
-        for p in (self._bin_tmp, self._idx_tmp):
+        for p in (self._bin_tmp, self._idx_tmp, self._fp_tmp):
             if p is not None and os.path.exists(p):
                 os.unlink(p)
 
