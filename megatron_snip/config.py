@@ -27,6 +27,12 @@ def _err(field_name: str, value: Any, fix: str) -> ValueError:
     return ValueError(f"config {field_name}={value!r}: {fix}")
 
 
+def _seed(field_name: str, value: Any) -> None:
+    """Seeds feed torch (< 2**64, after offsets are added) and numpy generators: [0, 2**32)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**32:
+        raise _err(field_name, value, "must be an integer in [0, 2**32), e.g. 1234")
+
+
 def _positive(section: str, obj: Any, *names: str) -> None:
     for n in names:
         v = getattr(obj, n)
@@ -170,6 +176,7 @@ class SnipConfig:
 
     def __post_init__(self) -> None:
         _finite("snip", self)
+        _seed("snip.seed", self.seed)
         if not 0.0 <= self.fp4_target <= 1.0:
             raise _err("snip.fp4_target", self.fp4_target, "must be a fraction in [0, 1] (e.g. 0.75)")
         if self.granularity not in ("layer", "gemm"):
@@ -230,11 +237,16 @@ class TrainingConfig:
     # directory (config.json + safetensors). "" = random init. Ignored when resuming.
     init_from: str = ""
     init_optimizer: bool = False  # init_from one of our checkpoints: also take its AdamW moments
+    init_from_ignore_unused: bool = False  # init_from an HF directory: load even if it has tensors no parameter uses
     save_interval: int = 0  # steps between checkpoints (0 = only at the end)
     keep_checkpoints: int = 2
     eval_interval: int = 50
     eval_batches: int = 4
     log_interval: int = 10
+    # After a stop signal (SIGTERM/SIGUSR1/SIGINT) the run saves at the next step boundary; if none
+    # comes within this many seconds, or a second signal arrives, it ends at once without saving
+    # (training/preemption.py). 0 = no deadline. Keep it below torchrun's --shutdown-timeout.
+    preempt_grace_s: float = 180.0
     max_consecutive_skips: int = 5  # non-finite loss/grad steps in a row before the run stops
     # Post-step guard: stop (before saving) when one update multiplies the global parameter norm
     # by more than this, or makes it non-finite; 0 checks finiteness only. Normal steps change it
@@ -244,6 +256,7 @@ class TrainingConfig:
 
     def __post_init__(self) -> None:
         _finite("training", self)
+        _seed("training.seed", self.seed)
         if self.resume not in (True, False, "auto"):
             raise _err("training.resume", self.resume, "choose true, false or \"auto\" (resume if run_dir has a checkpoint)")
         _positive("training", self, "max_steps", "micro_batch_size", "global_batch_size", "seq_len", "lr",
@@ -252,6 +265,8 @@ class TrainingConfig:
             raise _err("training.min_lr", self.min_lr, f"must be in [0, training.lr={self.lr}]")
         if self.lr_schedule not in ("cosine", "wsd", "constant"):
             raise _err("training.lr_schedule", self.lr_schedule, "choose 'cosine', 'wsd' or 'constant'")
+        if self.preempt_grace_s < 0:
+            raise _err("training.preempt_grace_s", self.preempt_grace_s, "must be >= 0 seconds (0 = no deadline)")
         if self.warmup_steps < 0:
             raise _err("training.warmup_steps", self.warmup_steps, "must be >= 0")
         if not 0.0 < self.wsd_decay_fraction <= 1.0:
@@ -534,6 +549,9 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     raw: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
+        if path.is_dir():
+            raise ValueError(f"config file {str(path)!r} is a directory; give a TOML file in it (e.g. "
+                             f"{path / 'config.toml'}) or one of launch/configs/*.toml")
         if not path.is_file():
             raise ValueError(f"config file {str(path)!r} does not exist; see launch/configs/ for examples")
         try:

@@ -57,16 +57,14 @@ from megatron_snip.config import Config
 from megatron_snip.model.shapes import (
     attention_flops,
     gemm_flops,
-    linear_numel,
     lm_head_gemm_flops,
-    local_linear_shapes,
     model_linear_shapes,
     parameter_counts,
 )
 from megatron_snip.precision.capability import GPUS, QUANT_LINEAR_BACKENDS, GpuSpec, check_gpu_type
-from megatron_snip.precision.formats import FORMATS, FP4_FORMATS
-from megatron_snip.precision.gemm_shapes import gemm_shape_error
+from megatron_snip.precision.formats import FORMATS
 from megatron_snip.precision.plan import GEMMS, LINEARS, PrecisionPlan
+from megatron_snip.snip.feasibility import max_fp4_share, unrunnable_gemms
 
 GIB = 1024**3
 WEIGHT_BYTES, GRAD_BYTES, ADAM_BYTES = 4, 4, 8  # fp32 master weight, fp32 grad, fp32 m + v
@@ -263,27 +261,20 @@ def _formats_used(cfg: Config) -> tuple[str, ...]:
 
 def _snip_sizing(cfg: Config, tp: int, pp: int) -> SnipSizing:
     s, m = cfg.snip, cfg.model
-    tokens = cfg.training.micro_batch_size * cfg.training.seq_len
-    shapes = model_linear_shapes(m)
-    local = local_linear_shapes(shapes, tp)
+    unrunnable = unrunnable_gemms(cfg, tp)  # the divisibility rules, as the start-up check applies them
 
     def ok(fmt: str, lin: str, gemm: str) -> bool:
-        return gemm_shape_error(fmt, gemm, *local[lin], tokens) is None
+        return (lin, gemm) not in unrunnable.get(fmt, {})
 
     # A unit is one GEMM ("gemm") or a linear's three tied GEMMs ("layer"); every block is alike.
     unit_gemms = [(lin, gs) for lin in LINEARS
                   for gs in ([GEMMS] if s.granularity == "layer" else [(gm,) for gm in GEMMS])]
     allowed = {f: m.num_layers * sum(all(ok(f, lin, gm) for gm in gs) for lin, gs in unit_gemms) for f in s.formats}
-    fp4_candidates = [f for f in s.formats if f in FP4_FORMATS]
-    numel = linear_numel(shapes)
-    fp4_weight = sum(numel[lin] * len(gs) for lin, gs in unit_gemms
-                     if any(all(ok(f, lin, gm) for gm in gs) for f in fp4_candidates))
-    total_weight = sum(numel.values()) * len(GEMMS)
     units = m.num_layers * len(unit_gemms)
     floors = (1 + (pp if pp > 1 else 0)) if s.fp4_target > 0 else 0
     return SnipSizing(
         enabled=s.enabled, granularity=s.granularity, formats=tuple(s.formats), units=units, allowed=allowed,
-        booleans=sum(allowed.values()), exactly_one=units, fp4_floors=floors, max_fp4_share=fp4_weight / total_weight,
+        booleans=sum(allowed.values()), exactly_one=units, fp4_floors=floors, max_fp4_share=max_fp4_share(cfg, unrunnable),
     )
 
 

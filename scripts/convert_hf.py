@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from pathlib import Path
 
@@ -44,6 +45,25 @@ def hf_training_config(hf_dir: str, base: str | None, overrides: list[str]):
     return cfg
 
 
+def check_output(path: str, *, directory: bool) -> None:
+    """Refuse, before anything is read or written, an ``--out`` that cannot be written: a file
+    where a directory should be (or the reverse), a missing parent (``config``), no write access."""
+    out = Path(path)
+    want, other = ("directory", "file") if directory else ("file", "directory")
+    if out.exists():
+        if out.is_dir() != directory:
+            raise ValueError(f"--out {path} is a {other}, not a {want}; choose another --out")
+        target = out
+    else:
+        target = next(p for p in out.parents if p.exists())  # the nearest existing ancestor
+        if not target.is_dir():
+            raise ValueError(f"--out {path}: {target} is a file, not a directory; choose another --out")
+        if not directory and target != out.parent:  # export creates its directories, config does not
+            raise ValueError(f"--out {path}: the directory {out.parent} does not exist; create it or choose another --out")
+    if not os.access(target, os.W_OK):
+        raise ValueError(f"--out {path}: {target} is not writable; choose another --out")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -60,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--max-shard-gb", type=float, default=5.0, help="largest safetensors file before splitting")
     args = p.parse_args(argv)
     try:
+        if args.cmd == "export" and not args.max_shard_gb > 0:
+            raise ValueError(f"--max-shard-gb={args.max_shard_gb} must be positive (the largest safetensors file, in GiB)")
+        check_output(args.out, directory=args.cmd == "export")
         if args.cmd == "config":
             cfg = hf_training_config(args.hf_dir, args.base, args.overrides)
             Path(args.out).write_text(cfg.to_toml())

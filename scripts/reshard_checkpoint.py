@@ -19,7 +19,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from megatron_snip.atomic_io import atomic_write_text  # noqa: E402
+from megatron_snip.training import checkpoint as ckpt  # noqa: E402
 from megatron_snip.training import reshard  # noqa: E402
+
+
+def _check_out(out_run: Path, src_run: Path) -> None:
+    """A new run directory only: never the source run, never one that already holds files."""
+    if out_run.resolve() == src_run.resolve():
+        raise ValueError(f"--out {out_run} is the source run directory; omit --out to convert it in place")
+    if out_run.exists() and (not out_run.is_dir() or any(out_run.iterdir())):
+        raise ValueError(f"--out {out_run} already exists and is not an empty directory; choose a new directory")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,11 +39,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="new run directory (default: convert in place)")
     args = p.parse_args(argv)
     try:
+        # Everything is checked before anything is written: the source's checksums (as resume
+        # does: a corrupt shard must not come out re-checksummed as "verified"), the new layout,
+        # and the destination.
+        for flag, val in (("--tp", args.tp), ("--pp", args.pp)):
+            if val < 1:
+                raise ValueError(f"{flag}={val} must be a positive integer")
         root, step = reshard.resolve_checkpoint(args.checkpoint)
+        ckpt.verify(root, step)
         full = reshard.read_full(root, step)
+        reshard.check_layout(full.cfg, full.vocab_size, args.tp, args.pp)
         out_root = root
         if args.out is not None:
             out_run = Path(args.out)
+            _check_out(out_run, root.parent)
             cfg = dataclasses.replace(full.cfg, parallel=dataclasses.replace(full.cfg.parallel, tp=args.tp, pp=args.pp,
                                                                                sequence_parallel=False),
                                       training=dataclasses.replace(full.cfg.training, run_dir=str(out_run)))

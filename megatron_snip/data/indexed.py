@@ -20,10 +20,18 @@ Files written here are read by Megatron-LM's ``IndexedDataset`` and vice versa.
 
 Note the header's "document count" is the number of *entries* (documents + 1), as Megatron
 writes ``len(document_indices)``. Our preprocessing stores one sequence per document.
+
+``prefix.idx.fingerprint`` (JSON, ours; Megatron never opens it): the ``.bin`` this index was
+written for - its size and the sha256 of its first and last ``FINGERPRINT_BLOCK`` bytes. An index
+only describes lengths, so a different ``.bin`` of the same size would otherwise be read as if it
+were the right one; opening checks the fingerprint when the file is there (indexes written by
+Megatron or by older versions have none and load as before).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import struct
 import tempfile
@@ -60,6 +68,46 @@ def idx_path(prefix: str | os.PathLike) -> str:
 
 def bin_path(prefix: str | os.PathLike) -> str:
     return os.fspath(prefix) + ".bin"
+
+
+FINGERPRINT_BLOCK = 1 << 20
+
+
+def fingerprint_path(prefix: str | os.PathLike) -> str:
+    return idx_path(prefix) + ".fingerprint"
+
+
+def bin_fingerprint(path: str | os.PathLike) -> dict[str, object]:
+    """A cheap identity of a ``.bin``: its size and the sha256 of its first and last blocks."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(FINGERPRINT_BLOCK)
+        f.seek(max(size - FINGERPRINT_BLOCK, 0))
+        tail = f.read(FINGERPRINT_BLOCK)
+    return {"bin_bytes": size, "block_bytes": FINGERPRINT_BLOCK, "head_sha256": hashlib.sha256(head).hexdigest(),
+            "tail_sha256": hashlib.sha256(tail).hexdigest()}
+
+
+def check_fingerprint(prefix: str | os.PathLike) -> None:
+    """Refuse a ``.bin`` that is not the one ``prefix.idx`` was written for (when the index has a fingerprint)."""
+    fpath = fingerprint_path(prefix)
+    if not os.path.isfile(fpath):
+        return
+    try:
+        with open(fpath, encoding="utf-8") as f:
+            recorded = json.load(f)
+        block = int(recorded["block_bytes"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{fpath} is unreadable ({type(e).__name__}: {e}); delete it to skip the check, or rebuild "
+                         f"the dataset with scripts/preprocess_data.py") from None
+    if block != FINGERPRINT_BLOCK:
+        return  # written with another block size: cannot compare cheaply
+    got = bin_fingerprint(bin_path(prefix))
+    if got != recorded:
+        diff = [k for k in got if got[k] != recorded.get(k)]
+        raise ValueError(f"{bin_path(prefix)} is not the .bin that {idx_path(prefix)} was written for: its {', '.join(diff)} "
+                         f"differ from {fpath} ({', '.join(f'{k} {recorded.get(k)} -> {got[k]}' for k in diff)}); "
+                         f"restore the matching .bin, or rebuild both with scripts/preprocess_data.py")
 
 
 def exists(prefix: str | os.PathLike) -> bool:
@@ -104,6 +152,7 @@ class IndexedDatasetBuilder:
         fd, self._bin_tmp = tempfile.mkstemp(dir=folder, prefix=base + ".bin.tmp")
         self._bin_file = os.fdopen(fd, "wb")
         self._idx_tmp: str | None = None
+        self._fp_tmp: str | None = None
         self._sequence_lengths: list[int] = []
         self._document_indices: list[int] = [0]
         self._done = False
@@ -162,8 +211,13 @@ class IndexedDatasetBuilder:
                 f.write(lengths.astype("<i4").tobytes())
                 f.write(pointers.astype("<i8").tobytes())
                 f.write(doc_idx.astype("<i8").tobytes())
-            # .bin first, then .idx: a reader that sees the new .idx also sees its .bin.
+            # .bin first, then its fingerprint, then .idx: a reader that sees the new .idx also
+            # sees its .bin and fingerprint.
             publish(self._bin_tmp, bin_path(self.prefix))
+            fd, self._fp_tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(self.prefix) + ".fp.tmp")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(bin_fingerprint(bin_path(self.prefix)), f)
+            publish(self._fp_tmp, fingerprint_path(self.prefix))
             publish(self._idx_tmp, idx_path(self.prefix))
         except BaseException:
             self.abort()
@@ -176,7 +230,7 @@ class IndexedDatasetBuilder:
         self._done = True
         if not self._bin_file.closed:
             self._bin_file.close()
-        for p in (self._bin_tmp, self._idx_tmp):
+        for p in (self._bin_tmp, self._idx_tmp, self._fp_tmp):
             if p is not None and os.path.exists(p):
                 os.unlink(p)
 
@@ -255,6 +309,7 @@ class IndexedDataset:
         bsize = os.path.getsize(bpath)
         if bsize != n_tokens * itemsize:
             raise ValueError(f"{bpath} is {bsize} bytes but the index says {n_tokens} tokens of {self.dtype} ({n_tokens * itemsize} bytes)")
+        check_fingerprint(self.prefix)
         # np.memmap cannot map an empty file.
         self.tokens = np.memmap(bpath, dtype=self.dtype, mode="r") if n_tokens else np.empty(0, self.dtype)
 

@@ -127,6 +127,7 @@ def build_data(cfg: Config, *, is_writer: bool = True) -> DataBundle:
     if len(blend) == 1:
         sets = build_datasets(sources[0], t.seq_len, tokenizer.eod_id, split=d.split, seed=t.seed, extra_valid=extra)
         valid = {k: v for k, v in sets.items() if k not in ("train", "test")}
+        check_eval_batches(cfg, valid)
         return DataBundle(tokenizer, sets["train"], valid)
     names = _blend_names(blend, extra)
     trains, valids = [], {}
@@ -142,6 +143,7 @@ def build_data(cfg: Config, *, is_writer: bool = True) -> DataBundle:
     which, local, _ = cached_index(_cache_dir(d), description, write=is_writer)
     train = BlendedDataset(trains, weights, names, index=(which, local))
     valid = {"valid": BlendedDataset(list(valids.values()), weights, names), **valids, **extra}
+    check_eval_batches(cfg, valid)
     return DataBundle(tokenizer, train, valid)
 
 
@@ -158,3 +160,21 @@ def _blend_names(blend: tuple[tuple[float, str], ...], extra: dict) -> list[str]
                              f"(or a split) already uses for val_loss_{n}; drop it from data.valid_paths (its held-out "
                              f"split is logged as a blend source) or rename the file")
     return names
+
+
+def check_eval_batches(cfg: Config, valid: dict[str, GPTDataset | BlendedDataset]) -> None:
+    """Refuse an evaluation longer than a held-out set: ``training.eval_batches`` micro-batches
+    would cycle through the same windows again and again (the mean does not change; the time does)."""
+    t = cfg.training
+    for name, ds in valid.items():
+        if t.eval_batches * t.micro_batch_size > len(ds):
+            most = len(ds) // t.micro_batch_size
+            fix = (f"set training.eval_batches <= {most}" if most else
+                   f"set training.micro_batch_size <= {len(ds)} or hold out more text (data.split)")
+            if any(corpus_name(p) == name for p in cfg.data.valid_paths):
+                where = f"data.valid_paths entry {name!r}"
+            else:
+                where = "the held-out split of data.train_path" + ("" if name == "valid" else f" source {name!r}")
+            raise ValueError(f"config training.eval_batches={t.eval_batches} x training.micro_batch_size="
+                             f"{t.micro_batch_size} = {t.eval_batches * t.micro_batch_size} sequences, but {where} has "
+                             f"only {len(ds)} windows of training.seq_len={t.seq_len} tokens; {fix}")

@@ -56,7 +56,11 @@ def read_hf_config(hf_dir: str | os.PathLike) -> dict[str, Any]:
     path = Path(hf_dir) / CONFIG_FILE
     if not path.is_file():
         raise ValueError(f"{str(hf_dir)!r} is not a Hugging Face model directory: it has no {CONFIG_FILE}")
-    return json.loads(path.read_text())
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); restore the model's config.json (e.g. copy it again "
+                         f"from the model's source, or re-save it with save_pretrained)") from None
 
 
 def _rope_params(hf: Mapping[str, Any]) -> dict[str, Any]:
@@ -165,8 +169,17 @@ class HFCheckpointReader:
         if not files:
             raise ValueError(f"{str(hf_dir)!r} has no *.safetensors files (PyTorch .bin checkpoints are not read; "
                              f"re-save the model with save_pretrained(..., safe_serialization=True))")
-        self._handles = {f: safe_open(str(self.dir / f), framework="pt") for f in files}
+        self._handles = {f: self._open(safe_open, self.dir / f) for f in files}
         self._where = {k: f for f, h in self._handles.items() for k in h.keys()}  # noqa: SIM118 (not a dict)
+
+    @staticmethod
+    def _open(safe_open, path: Path):
+        """safe_open, with an unreadable file (truncated, corrupt header, missing) named in a ValueError."""
+        try:
+            return safe_open(str(path), framework="pt")
+        except Exception as err:  # noqa: BLE001 - safetensors raises its own SafetensorError, or OSError
+            raise ValueError(f"{path} cannot be read as safetensors ({type(err).__name__}: {err}): the file is "
+                             f"truncated or corrupt; download or save it again") from None
 
     def __contains__(self, name: str) -> bool:
         return name in self._where
@@ -182,13 +195,25 @@ class HFCheckpointReader:
     def read(self, name: str, dim: int | None = None, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """Tensor ``name`` as fp32, or only ``[start:stop]`` along ``dim`` (0 or 1)."""
         sl = self._slice(name)
-        if dim is None:
-            t = sl[:]
-        elif dim == 0:
-            t = sl[start:stop]
-        else:
-            t = sl[:, start:stop]
+        dtype = sl.get_dtype()  # safetensors' names: F32, BF16, F16, F64, F8_E4M3, I64, U8, BOOL, ...
+        if not dtype.startswith(("F", "BF")):
+            raise ValueError(f"{self.dir / self._where[name]}: tensor {name!r} has dtype {dtype}, not a float; "
+                             f"weights must be floating point (F32, BF16, F16) - is this a quantized or "
+                             f"corrupted checkpoint? Use the unquantized model")
+        try:
+            if dim is None:
+                t = sl[:]
+            elif dim == 0:
+                t = sl[start:stop]
+            else:
+                t = sl[:, start:stop]
+        except Exception as err:  # noqa: BLE001 - a truncated data section surfaces only when read
+            raise ValueError(f"{self.dir / self._where[name]}: tensor {name!r} cannot be read ({err}): the file is "
+                             f"truncated or corrupt; download or save it again") from None
         return t.to(torch.float32)
+
+    def names(self) -> list[str]:
+        return sorted(self._where)
 
 
 def _hf_block(i: int) -> str:
@@ -253,8 +278,27 @@ def read_param(reader: HFCheckpointReader, name: str, cfg: ModelConfig, tp_size:
     raise ValueError(f"no Hugging Face tensor maps to parameter {name!r}")
 
 
+def hf_tensor_names(cfg: ModelConfig, tied: bool) -> set[str]:
+    """Every HF tensor name the whole model (all blocks, all stages) is read from."""
+    names = {"model.embed_tokens.weight", "model.norm.weight"} | (set() if tied else {"lm_head.weight"})
+    for i in range(cfg.num_layers):
+        blk = _hf_block(i)
+        names |= {f"{blk}.{n}.weight" for n in ("input_layernorm", "post_attention_layernorm", "self_attn.q_proj",
+                                                 "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                                                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}
+    return names
+
+
+def unused_tensors(reader: HFCheckpointReader, cfg: ModelConfig, tied: bool) -> list[str]:
+    """The tensors of the checkpoint that no parameter of this architecture is read from (a bias,
+    an extra layer, another model's head): loading would silently drop them."""
+    known = hf_tensor_names(cfg, tied)
+    # older checkpoints save RoPE's inverse frequencies, a buffer derived from config.json's rope_theta
+    return sorted(n for n in reader.names() if n not in known and not n.endswith("rotary_emb.inv_freq"))
+
+
 @torch.no_grad()
-def load_into_model(model, hf_dir: str | os.PathLike) -> None:
+def load_into_model(model, hf_dir: str | os.PathLike, *, ignore_unused: bool = False) -> None:
     """Copy an HF checkpoint into ``model`` (a ``LlamaModel``: any TP shard / PP stage of the
     architecture in ``hf_dir``), each parameter read as this rank's slice only.
 
@@ -264,6 +308,12 @@ def load_into_model(model, hf_dir: str | os.PathLike) -> None:
     _, _, tied = model_config_from_hf(hf, f"{hf_dir}/{CONFIG_FILE}")
     reader = HFCheckpointReader(hf_dir)
     tied = tied or "lm_head.weight" not in reader
+    unused = unused_tensors(reader, model.cfg, tied)
+    if unused and not ignore_unused:
+        raise ValueError(f"{hf_dir}: {len(unused)} tensor(s) map to no parameter of this Llama and would be dropped: "
+                         f"{unused[:5]}{' ...' if len(unused) > 5 else ''}; this is another architecture (biases, "
+                         f"extra layers?) - check {hf_dir}/{CONFIG_FILE}, or set training.init_from_ignore_unused=true "
+                         f"to load without them")
     for name, param in model.named_parameters():
         t = read_param(reader, name, model.cfg, model.tp.size, model.tp.rank, tied)
         if t.shape != param.shape:

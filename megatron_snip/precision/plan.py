@@ -174,13 +174,16 @@ class PrecisionPlan:
         unknown = sorted(have - expected_set)
         missing = sorted(expected_set - have)
         if unknown or missing:
-            msg = [f"precision plan (policy {self.policy!r}, step {self.step}) does not match the model:"]
+            layers = len({g.layer for g in expected_set})
+            what = []
             if unknown:
-                msg.append(f"{len(unknown)} unknown GEMM(s), e.g. {[g.key for g in unknown[:4]]}")
+                what.append(f"{len(unknown)} 'entries' key(s) name no GEMM of this model, e.g. {[g.key for g in unknown[:4]]}")
             if missing:
-                msg.append(f"{len(missing)} missing GEMM(s), e.g. {[g.key for g in missing[:4]]}")
-            msg.append("regenerate the plan for this model's num_layers")
-            raise ValueError("; ".join(msg))
+                what.append(f"{len(missing)} of its GEMMs have no entry, e.g. {[g.key for g in missing[:4]]}")
+            raise ValueError(f"precision plan (policy {self.policy!r}, step {self.step}, {len(have)} entries) does not "
+                             f"match the model ({layers} layers x 4 linears x 3 GEMMs = {len(expected_set)} entries): "
+                             + "; ".join(what) + "; regenerate the plan for this model's num_layers (e.g. "
+                             "scripts/solve_plan.py), or give a policy such as precision.initial_plan=uniform:fp8")
 
     # --- serialization ----------------------------------------------------------
     def to_json_dict(self) -> dict[str, Any]:

@@ -41,7 +41,7 @@ def init_from(source: str, model: LlamaModel, optimizer: torch.optim.Optimizer, 
             raise ValueError(f"config training.init_optimizer=true but {FIELD}={source!r} is a Hugging Face "
                              f"directory, which has no optimizer state; set training.init_optimizer=false")
         hf.check_model_matches(cfg.model, model.vocab_size, source, FIELD)
-        hf.load_into_model(model, source)
+        hf.load_into_model(model, source, ignore_unused=cfg.training.init_from_ignore_unused)
         return f"initialized from Hugging Face checkpoint {source}"
     root, step = reshard.resolve_checkpoint(source, f"config {FIELD}")
     src_cfg = reshard.run_config(root)

@@ -5,18 +5,46 @@ forwarded to the workers by ``launch/slurm/train.sbatch``); torchrun forwards ``
 ``SIGUSR1`` with ``--signals-to-handle``) to its workers on shutdown; ``kill`` and ``scancel``
 send ``SIGTERM``. The handler only records the signal: the training loop checks it at the next
 step boundary, all ranks agree, save a checkpoint and leave with ``EXIT_PREEMPTED`` so the
-job can be requeued and resume with ``training.resume = "auto"``.
+job can be requeued and resume with ``training.resume = "auto"``. ``SIGINT`` (Ctrl-C) asks the same.
+
+A step boundary can be far away (a long step, an evaluation, a re-plan), and schedulers and
+people expect a second signal to end a process at once. So after the first signal a watcher
+thread ends the process (``os._exit(128 + signal)``) on a second one, or when
+``training.preempt_grace_s`` has passed. It never writes a checkpoint itself: between two step
+boundaries the weights, optimizer moments and random streams may be half-way through an update,
+and the other ranks cannot join a save, so nothing can be committed safely there. It says so,
+naming the newest committed checkpoint (where ``resume=auto`` will continue; checkpoints are
+committed atomically, so a save cut short leaves nothing half-written). The watcher reads the
+signals from ``signal.set_wakeup_fd``, which CPython's C-level handler writes even while the
+main thread is inside a long C call or a collective, where Python handlers cannot run.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
+import sys
 import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 from typing import Self
 
-PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: a checkpoint was written, requeue and resume
+
+
+def describe_last_checkpoint(ckpt_root: Path) -> str:
+    """One sentence for a forced stop: where ``training.resume=auto`` will continue."""
+    from megatron_snip.training import checkpoint as ckpt
+
+    step = ckpt.latest_checkpoint(ckpt_root)
+    if step is None:
+        return f"No checkpoint has been committed in {ckpt_root} yet: a resumed run starts from step 0."
+    return (f"The newest committed checkpoint is step {step} ({ckpt.step_dir(ckpt_root, step)}): "
+            f"training.resume=auto continues from there.")
 
 
 class TrainingPreempted(RuntimeError):
@@ -25,11 +53,17 @@ class TrainingPreempted(RuntimeError):
 
 class StopSignal:
     """Context manager recording the first of ``PREEMPT_SIGNALS`` received (main thread only;
-    elsewhere it records nothing). Restores the previous handlers on exit."""
+    elsewhere it records nothing), and ending the process at once on a second one or after
+    ``grace_s`` seconds (0: no deadline). ``last_checkpoint()`` describes the newest committed
+    checkpoint for that exit's message. Restores the previous handlers on exit."""
 
-    def __init__(self) -> None:
+    def __init__(self, grace_s: float = 0.0, last_checkpoint: Callable[[], str] | None = None) -> None:
         self.received: signal.Signals | None = None
+        self.grace_s = grace_s
+        self.last_checkpoint = last_checkpoint or (lambda: "no checkpoint")
         self._previous: dict[int, object] = {}
+        self._previous_fd: int | None = None
+        self._pair: tuple[socket.socket, socket.socket] | None = None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is None:
@@ -37,11 +71,56 @@ class StopSignal:
 
     def __enter__(self) -> Self:
         if threading.current_thread() is threading.main_thread():
+            self._pair = socket.socketpair()
+            for sock in self._pair:
+                sock.setblocking(False)
+            self._previous_fd = signal.set_wakeup_fd(self._pair[1].fileno(), warn_on_full_buffer=False)
             for s in PREEMPT_SIGNALS:
                 self._previous[s] = signal.signal(s, self._handle)
+            threading.Thread(target=self._watch, args=(self._pair[0],), name="stop-signal-watcher", daemon=True).start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
         self._previous.clear()
+        if self._pair is not None:
+            signal.set_wakeup_fd(self._previous_fd if self._previous_fd is not None else -1)
+            for sock in self._pair:
+                sock.close()  # ends the watcher
+            self._pair = None
+
+    def _watch(self, reader: socket.socket) -> None:
+        """Count the stop signals as they arrive; on the second, or at the deadline, end the process."""
+        import select
+
+        first: tuple[signal.Signals, float] | None = None
+        while True:
+            timeout = None if first is None or not self.grace_s else max(0.0, first[1] + self.grace_s - time.monotonic())
+            try:
+                ready, _, _ = select.select([reader], [], [], timeout)
+                data = reader.recv(64) if ready else b""
+            except (OSError, ValueError):
+                return  # closed by __exit__
+            if ready and not data:
+                return
+            for signum in data:
+                if signum not in PREEMPT_SIGNALS:
+                    continue
+                sig = signal.Signals(signum)
+                if first is None:
+                    first = (sig, time.monotonic())
+                else:
+                    self._force(sig, f"a second stop signal ({sig.name}, after {first[0].name})")
+            if first is not None and self.grace_s and not ready:
+                self._force(first[0], f"training.preempt_grace_s={self.grace_s:g} s passed after {first[0].name} "
+                                      f"without reaching a step boundary")
+
+    def _force(self, sig: signal.Signals, why: str) -> None:
+        try:
+            where = self.last_checkpoint()
+        except Exception as e:  # noqa: BLE001 - the message must go out whatever the filesystem says
+            where = f"(the checkpoint directory could not be read: {e})"
+        print(f"stopped at once: {why}. No checkpoint was written for the work since the last one: the weights "
+              f"were between step boundaries, where none can be committed safely. {where}", file=sys.stderr, flush=True)
+        os._exit(128 + int(sig))

@@ -34,6 +34,7 @@ def resolve_initial_plan(cfg: Config, gemm_ids: list[GemmId], linear_numel: dict
     if _looks_like_path(spec):
         try:
             plan = PrecisionPlan.load(spec, linear_numel)
+            plan.validate(gemm_ids)  # here, so that a mismatch names the file and the field
         except ValueError as e:
             raise ValueError(f"config precision.initial_plan={spec!r}: {e}") from None
     elif spec == "bf16":

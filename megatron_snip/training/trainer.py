@@ -41,6 +41,7 @@ from megatron_snip.data.pipeline import DataBundle, build_data
 from megatron_snip.model.llama import LlamaModel
 from megatron_snip.model.shapes import linear_numel, model_linear_shapes
 from megatron_snip.parallel import comm
+from megatron_snip.snip.feasibility import check_candidates_runnable
 from megatron_snip.parallel.ddp import GradReducer, counted_once, global_norm
 from megatron_snip.parallel.distributed_optimizer import DistributedOptimizer
 from megatron_snip.parallel.pipeline import schedule_for
@@ -57,7 +58,7 @@ from megatron_snip.training.init_from import init_from
 from megatron_snip.training.lr import lr_at
 from megatron_snip.training.optim import build_optimizer
 from megatron_snip.training.plan_recorder import PlanRecorder
-from megatron_snip.training.preemption import StopSignal, TrainingPreempted
+from megatron_snip.training.preemption import StopSignal, TrainingPreempted, describe_last_checkpoint
 from megatron_snip.training.resolve import resolve_autocast_dtype, resolve_device, resolve_initial_plan
 from megatron_snip.training.run_dir import RunDirectory
 from megatron_snip.training.throughput import Throughput, peak_memory_text
@@ -140,6 +141,7 @@ class Trainer:
         self.consecutive_skips = 0
         # Plans name every GEMM of the model; each pipeline stage applies the entries of its own layers.
         self.all_gemm_ids = all_gemm_ids(cfg.model.num_layers)
+        check_candidates_runnable(cfg, self.topo.tp)  # before any step, not at the first re-plan
         self.plan: PrecisionPlan = resolve_initial_plan(cfg, self.all_gemm_ids, self.linear_numel)
         self.model.set_backend(self._build_backend(self.plan))
         self.model.set_tp_amax(cfg.precision.tp_amax)
@@ -398,7 +400,7 @@ class Trainer:
         window = _LogWindow()
         fit_start, first_step = time.perf_counter(), self.step
         last_eval: dict[str, float] = {}
-        with StopSignal() as stop:
+        with StopSignal(t.preempt_grace_s, lambda: describe_last_checkpoint(self.ckpt_root)) as stop:
             while self.step < t.max_steps:
                 step = self.step
                 for cb in callbacks:

@@ -18,10 +18,10 @@ Tolerances (fp32, explained):
   recipe variant without SR (``nvfp4-sr``) to check everything else (E4M3 block scales, tensor
   scale, 16x16 weight blocks, Hadamard) exactly - SR under TP is equal in distribution only.
 * Whole model with an NVFP4-fprop plan: the residual stream differs from TP=1 by fp32
-  reordering after the first row-parallel sum, which could move a value across an FP4
-  rounding boundary. Measured: loss identical, gradients 2.8e-7 relative (no crossing with
-  these seeds); the bound is 1e-5 on the loss and 1e-4 relative norm per gradient, so a single
-  crossed boundary on another BLAS would still be caught only if it mattered at that scale.
+  reordering after the first row-parallel sum, which can move a value across an FP4 rounding
+  boundary - how many depends on the CPU's matmul blocking. The drift of the loss and the
+  gradients is bounded in units of the quantization effect itself (the same model in BF16):
+  ``quantization_noise.MAX_RATIO``, a 2% flip budget (measured here: no crossing at all).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from __future__ import annotations
 import pytest
 import torch
 from dist_harness import run_ranks
+from quantization_noise import MAX_RATIO, drift_ratio
 
 from megatron_snip.config import ModelConfig
 from megatron_snip.model.layers import shard_tensor
@@ -179,8 +180,17 @@ def _worker_model(rank: int, world: int, sequence_parallel: bool, fmt: str) -> d
     ref = tp.sharded_state_dict(_model_grads(full))
     got = _model_grads(tp)
     rel = {n: float((got[n] - ref[n]).norm() / ref[n].norm().clamp_min(1e-30)) for n in ref}
-    return {"loss": float(losses[1]), "ref_loss": float(losses[0]), "max_rel_grad_err": max(rel.values()),
-            "worst": max(rel, key=rel.get)}
+    out = {"loss": float(losses[1]), "ref_loss": float(losses[0]), "max_rel_grad_err": max(rel.values()),
+           "worst": max(rel, key=rel.get)}
+    if fmt != "bf16":  # the quantization effect: the unsharded model with every GEMM in BF16
+        torch.manual_seed(11)
+        plain = LlamaModel(CFG, VOCAB)
+        loss = plain.loss(plain(tokens[:, :-1]), tokens[:, 1:])
+        loss.backward()
+        ref_bf16 = tp.sharded_state_dict(_model_grads(plain))
+        out["loss_ratio"] = drift_ratio([losses[1]], [losses[0]], [loss.detach()])
+        out["grad_ratio"] = drift_ratio([got[n] for n in ref], [ref[n] for n in ref], [ref_bf16[n] for n in ref])
+    return out
 
 
 def test_tp2_layers_match_dense_fp32():
@@ -197,14 +207,17 @@ def test_tp2_quantized_layers_match_unsharded_quantized_layers():
                 assert needed, f"{fmt} {gemm}: dropping amax_reduce changed nothing - the test cannot see the reduction"
 
 
-@pytest.mark.parametrize("sequence_parallel,fmt,grad_tol", [
-    (False, "bf16", 1e-5),   # fp32 math: reordering only (measured 3.7e-7)
-    (True, "bf16", 1e-5),    # + sequence parallelism (reduce-scatter / all-gather instead of all-reduce)
-    (False, "nvfp4", 1e-4),  # all forward GEMMs in NVFP4, amax reduced over TP in every linear (measured 2.8e-7)
-    (True, "nvfp4", 1e-4),
+@pytest.mark.parametrize("sequence_parallel,fmt", [
+    (False, "bf16"),   # fp32 math: reordering only (measured 3.7e-7)
+    (True, "bf16"),    # + sequence parallelism (reduce-scatter / all-gather instead of all-reduce)
+    (False, "nvfp4"),  # all forward GEMMs in NVFP4, amax reduced over TP in every linear
+    (True, "nvfp4"),
 ])
-def test_tp2_model_matches_tp1(sequence_parallel, fmt, grad_tol):
-    res = run_ranks(_worker_model, 2, args=(sequence_parallel, fmt), timeout_s=90)
+def test_tp2_model_matches_tp1(sequence_parallel, fmt):
+    res = run_ranks(_worker_model, 2, args=(sequence_parallel, fmt), timeout_s=240)  # a hang guard on a loaded machine
     for r in res:
-        assert abs(r["loss"] - r["ref_loss"]) <= 1e-5 * abs(r["ref_loss"]), r
-        assert r["max_rel_grad_err"] <= grad_tol, r
+        if fmt == "bf16":  # fp32 reordering: gamma_K = K * 2**-24 ~ 7.6e-6 for the longest sums (K = 128)
+            assert abs(r["loss"] - r["ref_loss"]) <= 1e-5 * abs(r["ref_loss"]), r
+            assert r["max_rel_grad_err"] <= 1e-5, r
+        else:  # flips across FP4 rounding boundaries: bounded in units of the quantization effect
+            assert r["loss_ratio"] <= MAX_RATIO and r["grad_ratio"] <= MAX_RATIO, r

@@ -9,9 +9,10 @@ Tolerances (fp32, explained): a parallel layout changes only the order of fp32 s
 pipeline does not reorder anything inside a stage, DP averages two half-batch gradients,
 TP sums partial GEMMs), so with BF16-plan numerics (= fp32 here) losses agree to 1e-6
 relative and grads/weights to 1e-5 (measured: PP losses and grads bitwise equal, weights
-7e-8 - the global norm is summed per stage; DP 1e-7). With a low-precision plan those
-ulp-level differences could move a value across a quantization boundary: losses must agree to
-1e-4 and weights after 4 steps to 1e-3.
+7e-8 - the global norm is summed per stage; DP 1e-7; 1e-5 is gamma_K = K * 2**-24 for the
+longest sums, K = 128). With a low-precision plan those ulp-level differences move values
+across quantization boundaries - how many depends on the CPU's matmul blocking - so the TP x PP
+run's drift is bounded in units of the quantization effect itself (quantization_noise.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import json
 import pytest
 import torch
 from dist_harness import run_ranks
+from quantization_noise import MAX_RATIO, drift_ratio
 
 from megatron_snip.config import load_config
 from megatron_snip.model.layers import shard_state_dict
@@ -166,12 +168,12 @@ def test_dp2_matches_dp1_with_the_same_global_batch(cache_dir, tmp_path, ref3):
     assert all(r["nan_step_skipped"] and r["nan_step_weights_kept"] for r in res), res
 
 
-def _plan_file(tmp_path, num_layers: int) -> str:
+def _plan_file(tmp_path, num_layers: int, fprop: str = "nvfp4") -> str:
     """NVFP4 forward, FP8 gradients: low precision without stochastic rounding (whose draws
     depend on the local shard shape, so no two layouts could agree)."""
     numel = linear_numel(model_linear_shapes(load_config(TINY, BASE).model))
-    entries = {g: ("nvfp4" if g.gemm == "fprop" else "fp8") for g in all_gemm_ids(num_layers)}
-    path = tmp_path / "plan.json"
+    entries = {g: (fprop if g.gemm == "fprop" else "fp8") for g in all_gemm_ids(num_layers)}
+    path = tmp_path / f"plan_{fprop}.json"
     path.write_text(PrecisionPlan.create(entries, numel, policy="test:nvfp4_fprop+fp8_grads").to_json())
     return str(path)
 
@@ -201,16 +203,46 @@ def _resume_worker(rank: int, world: int, overrides: list[str], run_a: str, run_
     return out
 
 
+def _drift(results: list[dict], ref: dict, ref_bf16: dict) -> dict:
+    """Each rank's losses, first-step gradients and final weights against the matching slices of
+    the low-precision reference, in units of that reference's quantization effect (its distance
+    from the BF16 run): see quantization_noise.py."""
+    out = {"loss": drift_ratio([torch.tensor(r["losses"]) for r in results],
+                               [torch.tensor(ref["losses"])] * len(results),
+                               [torch.tensor(ref_bf16["losses"])] * len(results))}
+    for key in ("grads0", "params"):
+        got, want, bf16 = [], [], []
+        for r in results:
+            names = list(r[key])
+            got += [r[key][n] for n in names]
+            for full, into in ((ref, want), (ref_bf16, bf16)):
+                sliced = shard_state_dict({n: full[key][n] for n in names}, r["spec"], r["tp"], r["tp_rank"])
+                into += [sliced[n] for n in names]
+        out[key] = drift_ratio(got, want, bf16)
+    return out
+
+
 @pytest.mark.parametrize("sequence_parallel", [False, True])
 def test_tp2_pp2_low_precision_trains_like_one_rank_and_resumes_exactly(cache_dir, tmp_path, sequence_parallel):
     plan = _plan_file(tmp_path, 2)
     over = BASE + [f"data.cache_dir={cache_dir}", f"precision.initial_plan={plan}", "training.save_interval=2"]
     ref = _run(None, over + [f"training.run_dir={tmp_path / 'ref'}", "training.max_steps=4"], 4)
+    ref_bf16 = _run(None, over + [f"training.run_dir={tmp_path / 'bf16'}", "training.max_steps=4",
+                                  "precision.initial_plan=bf16"], 4)
     par = over + ["parallel.tp=2", "parallel.pp=2", f"parallel.sequence_parallel={str(sequence_parallel).lower()}"]
-    res = run_ranks(_resume_worker, 4, args=(par, str(tmp_path / "a"), str(tmp_path / "b")), timeout_s=150)
-    # measured: losses 1e-7, first-step grads 2e-7, weights after 4 AdamW steps 1.3e-5 (Adam's
-    # normalization magnifies ulp differences in near-zero gradient coordinates)
-    worst = _compare([r["a"] for r in res], ref, loss_rtol=1e-4, tensor_rtol=1e-3)
+    res = run_ranks(_resume_worker, 4, args=(par, str(tmp_path / "a"), str(tmp_path / "b")), timeout_s=300)
+    # The fp32 reordering of TP's partial sums may flip a few quantized values by one step, as
+    # many as the CPU's matmul blocking puts near a rounding boundary: the drift is bounded in
+    # units of the quantization effect (quantization_noise.py), not by a constant fitted here.
+    worst = _drift([r["a"] for r in res], ref, ref_bf16)
+    assert max(worst.values()) <= MAX_RATIO, worst
+    # ... and the bound can fail: re-drawing the forward quantization (MXFP4's E8M0 32-blocks for
+    # NVFP4's, as a sharding bug would re-draw it) puts the gradients and weights past it (measured
+    # ~1.3; the 4 step losses are too few numbers for that: their quantization effects partly cancel).
+    other = _run(None, BASE + [f"data.cache_dir={cache_dir}", f"precision.initial_plan={_plan_file(tmp_path, 2, 'mxfp4')}",
+                               f"training.run_dir={tmp_path / 'mxfp4'}", "training.max_steps=4"], 4)
+    redrawn = _drift([other], ref, ref_bf16)
+    assert min(redrawn["grads0"], redrawn["params"]) > MAX_RATIO, redrawn
     assert len({tuple(r["a"]["losses"]) for r in res}) == 1, "all 4 ranks must log the same losses"
     # resume: bit-identical to the uninterrupted 4-rank run
     a_losses = {s + 1: v for s, v in enumerate(res[0]["a"]["losses"])}

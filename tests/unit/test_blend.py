@@ -107,6 +107,13 @@ def _corpus(path, word, n=12):
 
 
 @pytest.fixture
+def small_overrides(small_overrides):
+    """One evaluation micro-batch: these corpora's held-out splits hold only a few windows, and
+    a longer evaluation is refused (data/pipeline.check_eval_batches)."""
+    return small_overrides + ["training.eval_batches=1"]
+
+
+@pytest.fixture
 def two_corpora(tmp_path):
     return _corpus(tmp_path / "alpha.jsonl", "alpha"), _corpus(tmp_path / "beta.jsonl", "beta")
 

@@ -100,3 +100,31 @@ def test_resume_at_another_layout_reshards_on_load_like_the_script(small_overrid
     assert got["model"].keys() == want["model"].keys()
     for name in want["model"]:
         assert torch.equal(got["model"][name], want["model"][name]), name
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_reshard_validates_everything_before_writing_anything(small_overrides, tmp_path, capsys):
+    """Issue #26: a corrupt source is refused (as resume refuses it), and a refused layout leaves
+    the source (--out = the source) and the filesystem (--out = a new directory) untouched."""
+    base = small_overrides[:-2] + [f"data.cache_dir={tmp_path / 'cache'}"]
+    Trainer(load_config(TINY, [*base, f"training.run_dir={tmp_path / 'a'}", "training.max_steps=1"])).fit()
+    before = _files(tmp_path / "a")
+    assert reshard_checkpoint.main([str(tmp_path / "a"), "--tp", "3", "--pp", "1", "--out", str(tmp_path / "a")]) == 2
+    assert "cannot reshard to tp=3" in capsys.readouterr().err
+    assert reshard_checkpoint.main([str(tmp_path / "a"), "--tp", "2", "--pp", "1", "--out", str(tmp_path / "a")]) == 2
+    assert "is the source run directory; omit --out" in capsys.readouterr().err
+    assert reshard_checkpoint.main([str(tmp_path / "a"), "--tp", "3", "--pp", "1", "--out", str(tmp_path / "new")]) == 2
+    assert reshard_checkpoint.main([str(tmp_path / "a"), "--tp", "0", "--pp", "1"]) == 2
+    assert "--tp=0 must be a positive integer" in capsys.readouterr().err
+    assert _files(tmp_path / "a") == before and not (tmp_path / "new").exists()
+
+    shard = tmp_path / "a" / "checkpoints" / "step_000001" / "shard_tp00_pp00.pt"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte inside the tensors: torch.load would not notice
+    shard.write_bytes(bytes(data))
+    assert reshard_checkpoint.main([str(tmp_path / "a"), "--tp", "2", "--pp", "1", "--out", str(tmp_path / "b")]) == 2
+    assert "shard shard_tp00_pp00.pt is corrupt (sha256" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()

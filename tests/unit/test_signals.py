@@ -1,0 +1,113 @@
+"""A second stop signal, or the grace deadline, ends a run at once (issue #26, section 2).
+
+The first SIGTERM/SIGUSR1/SIGINT asks for a checkpoint at the next step boundary (tested in
+test_operations.py); here the boundary never comes (a long step), and the process must end
+within seconds of the second signal or of ``training.preempt_grace_s``, saying that no checkpoint
+was written and which committed one a resume continues from. Each case runs in a child process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import SMALL
+
+from megatron_snip.training import checkpoint as ckpt
+
+ROOT = Path(__file__).resolve().parents[2]
+
+LONG_C_CALLS = """
+import sys, time, torch
+from megatron_snip.training.preemption import StopSignal
+with StopSignal(grace_s=float(sys.argv[1]), last_checkpoint=lambda: "NEWEST-CHECKPOINT"):
+    print("ready", flush=True)
+    a, t0 = torch.randn(300, 300), time.time()
+    while time.time() - t0 < 60:  # a long step: C calls, no step boundary
+        a = (a @ a).tanh()
+print("left normally", flush=True)
+"""
+
+LONG_STEP_RUN = """
+import sys, time
+from megatron_snip import train
+from megatron_snip.training.trainer import Trainer
+real = Trainer.train_step
+def slow(self, step):
+    out = real(self, step)
+    if step == 2:  # step_000002 is committed; the step after it never ends
+        print("long step", flush=True)
+        time.sleep(60)
+    return out
+Trainer.train_step = slow
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+def _start(code: str, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-c", code, *args], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _wait_for(proc: subprocess.Popen, line: str, timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        out = proc.stdout.readline()
+        if line in out:
+            return
+        if not out and proc.poll() is not None:
+            raise AssertionError(f"exited {proc.returncode} before {line!r}: {proc.stderr.read()}")
+    proc.kill()
+    raise AssertionError(f"no {line!r} within {timeout_s} s")
+
+
+def _ended_within(proc: subprocess.Popen, seconds: float) -> tuple[int, str]:
+    try:
+        _, err = proc.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"still running {seconds} s after the signal that should end it at once") from None
+    return proc.returncode, err
+
+
+def test_second_signal_ends_a_long_c_call_at_once():
+    proc = _start(LONG_C_CALLS, "0")
+    _wait_for(proc, "ready")
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    code, err = _ended_within(proc, 15)
+    assert code == 128 + signal.SIGTERM, (code, err)
+    assert "stopped at once: a second stop signal (SIGTERM, after SIGTERM)" in err and "NEWEST-CHECKPOINT" in err, err
+    assert "No checkpoint was written for the work since the last one" in err, err
+
+
+def test_grace_deadline_ends_the_process_after_one_signal():
+    proc = _start(LONG_C_CALLS, "1.5")
+    _wait_for(proc, "ready")
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    code, err = _ended_within(proc, 15)
+    assert code == 128 + signal.SIGINT and time.monotonic() - sent >= 1.5, (code, err)
+    assert "training.preempt_grace_s=1.5 s passed after SIGINT without reaching a step boundary" in err, err
+
+
+def test_second_sigterm_during_a_long_training_step_names_the_checkpoint_resume_uses(tmp_path):
+    run = tmp_path / "run"
+    over = SMALL + [f"training.run_dir={run}", f"data.cache_dir={tmp_path / 'cache'}", "training.max_steps=10",
+                    "training.save_interval=2", "training.preempt_grace_s=0"]
+    proc = _start(LONG_STEP_RUN, "--config", "launch/configs/tiny.toml", *[a for o in over for a in ("--set", o)])
+    _wait_for(proc, "long step")
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    code, err = _ended_within(proc, 20)
+    assert code == 128 + signal.SIGTERM, (code, err)
+    assert "stopped at once: a second stop signal (SIGTERM, after SIGTERM)" in err, err
+    assert f"The newest committed checkpoint is step 2 ({run / 'checkpoints' / 'step_000002'})" in err, err
+    assert ckpt.list_checkpoints(run / "checkpoints") == [2]
+    ckpt.verify(run / "checkpoints", 2)  # intact: nothing was lost that had been committed
