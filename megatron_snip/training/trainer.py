@@ -118,6 +118,7 @@ class Trainer:
                                 pre_process=self.topo.is_first_stage, post_process=self.topo.is_last_stage,
                                 tp=self.tp).to(self.device)
         self.model.set_recompute(t.recompute, t.recompute_every)
+        self.model.set_compile(t.compile)
         self.schedule = schedule_for(self.topo, cfg.parallel.pp_schedule)
         self.optimizer = build_optimizer(self.model, t, self.device, self.topo)
         # The distributed optimizer reduces into its own DP shards (parallel/distributed_optimizer.py).
