@@ -124,10 +124,21 @@ class PrecisionConfig:
     # scaled-mm per GEMM, other formats emulated) or "te" (Transformer Engine)
     backend: str = "emulated"
     compile_quantizers: bool = False  # torch.compile the emulated quantizers (faster, bit-identical)
+    # Tensor scales (fp8, nvfp4) under tensor parallelism: "tensor" = every TP shard scales by the
+    # whole tensor's amax (all-reduced over TP where an operand is sharded: as the unsharded model);
+    # "shard" = each shard by its own amax, as Transformer Engine does (backend "te" needs it when
+    # parallel.tp > 1). Both are valid (each partial GEMM is dequantized before the TP sum); the
+    # emulated reference and SNIP's measured errors follow the chosen one. No effect at tp = 1.
+    tp_amax: str = "tensor"
 
     def __post_init__(self) -> None:
         if self.backend not in ("emulated", "torch", "te"):
             raise _err("precision.backend", self.backend, "choose 'emulated', 'torch' or 'te'")
+        from megatron_snip.precision.gemm import TP_AMAX_MODES
+
+        if self.tp_amax not in TP_AMAX_MODES:
+            raise _err("precision.tp_amax", self.tp_amax,
+                       f"choose one of {list(TP_AMAX_MODES)} ('tensor': whole-tensor amax, 'shard': per TP shard)")
         if not self.initial_plan:
             raise _err("precision.initial_plan", self.initial_plan, "use 'bf16', 'uniform:<format>' or a plan JSON path")
 

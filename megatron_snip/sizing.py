@@ -228,6 +228,24 @@ def _support(backend: str, fmt: str, gpu: GpuSpec) -> tuple[bool, str]:
     return cap.ok, cap.reason
 
 
+def _check_te_settings(cfg: Config, formats: tuple[str, ...]) -> None:
+    """The te backend's start-up refusals that follow from the config alone (``TEBackend.check_run``
+    also checks the initial plan): the dry run accepts only what the run would start with. GPU runs
+    compute in bf16 unless ``training.dtype="float32"``."""
+    if cfg.precision.backend != "te":
+        return
+    import torch
+
+    from megatron_snip.precision.backends.te import refusal, setting_problems
+
+    problems = setting_problems(
+        formats, tp_size=cfg.parallel.tp, tp_amax=cfg.precision.tp_amax,
+        per_gemm_replans=cfg.snip.enabled and cfg.snip.granularity == "gemm",
+        activation_dtype=torch.float32 if cfg.training.dtype == "float32" else torch.bfloat16)
+    if problems:
+        raise refusal(problems)
+
+
 def _formats_used(cfg: Config) -> tuple[str, ...]:
     """Formats the run may ask the backend for: the initial plan's and SNIP's candidates."""
     spec = cfg.precision.initial_plan
@@ -427,6 +445,7 @@ def estimate(cfg: Config, world_size: int, gpu: str | None = None) -> Sizing:
 
     gpu_spec = resolve_gpu(gpu)
     used = _formats_used(cfg)
+    _check_te_settings(cfg, used)
     return Sizing(
         world_size=world_size, tp=tp, pp=pp, dp=dp, sequence_parallel=p.sequence_parallel, schedule=p.pp_schedule,
         vocab_size=vocab, vocab_source=vocab_source, layers_per_stage=per_stage,

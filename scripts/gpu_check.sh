@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # One device check of the GPU fast path (kernels, compiled quantizers, torch-backend FP8 GEMMs,
 # bandwidth, step times, SNIP on tiny): one line per check with its figure, exit 0 iff all pass.
-# Needs no network; bounded to 7 minutes. Usage: scripts/gpu_check.sh [--smoke]
-#   --smoke: toy sizes on CPU (Triton interpreter) to test the script itself.
+# A fallback where PyTorch documents a scaled-mm for the device is a FAIL. Needs no network; bounded
+# to 7 minutes. Usage: scripts/gpu_check.sh [--smoke] [--force-fallback] [--only check,check]
+#   --smoke: toy sizes on CPU (Triton interpreter) to test the script itself (on a busy CPU the whole
+#            smoke run takes longer than the bound: run scripts/gpu_check.py --smoke directly);
+#   --force-fallback: every scaled-mm refused (the scaled-mm checks must FAIL); --only: a subset.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"

@@ -16,6 +16,15 @@ parallel/comm.py):
 * ``VocabParallelEmbedding``, ``ParallelLMHead`` and ``vocab_parallel_cross_entropy``:
   the vocabulary is sharded over TP; the full (B, S, V) logits never exist on one rank.
 
+Tensor scales under TP (``set_tp_amax``, ``precision.tp_amax``): "tensor" reduces the amax of
+each *sharded* operand over the TP group, so every shard scales like the unsharded tensor, and
+skips the replicated ones, whose local amax already is the whole tensor's: a column-parallel
+linear's X (copied to every rank, or all-gathered under sequence parallelism before it is
+quantized) and a row-parallel linear's dY (the identity backward of the all-reduce, or the
+all-gather backward of the reduce-scatter under sequence parallelism). "shard" reduces nothing:
+each shard scales by its own amax, as Transformer Engine does per module - valid because each
+partial GEMM is dequantized before the partial results are summed.
+
 Initialization is layout-independent: each weight is drawn in full from its own generator
 (seeded by the model seed and the parameter's global name) and then sliced, so a TP=2 or
 PP=2 model holds exactly the shards of the TP=1 / PP=1 model built from the same seed.
@@ -38,7 +47,7 @@ from megatron_snip.parallel.sequence_shard import save_sequence_shard
 from megatron_snip.parallel.topology import TensorParallel
 from megatron_snip.precision.backends import Backend, get_backend
 from megatron_snip.precision.capability import QUANT_LINEAR_BACKENDS
-from megatron_snip.precision.gemm import activation_dtype
+from megatron_snip.precision.gemm import TP_AMAX_MODES, AmaxReducers, activation_dtype
 from megatron_snip.precision.plan import GemmPrecision
 from megatron_snip.precision.weight_copies import WeightCopy
 
@@ -107,7 +116,8 @@ class PrecisionLinear(nn.Module):
     Attributes set from outside between steps:
         precision: the GemmPrecision of this layer's fprop/dgrad/wgrad.
         generator: torch.Generator for stochastic rounding (shared by the model).
-        amax_reduce: reduces a local amax over the TP group (None when unsharded).
+        amax_reduce: the amax reduction of each operand over the TP group (``set_tp_amax``;
+            None: every operand scales by its local amax).
         probe: a LinearProbe while SNIP statistics are being collected, else None.
         backend: the ``Backend`` that runs the GEMMs (emulated until ``LlamaModel.set_backend``).
         weight_copy: the step's copy of the weight in the activation dtype, for the reference path
@@ -115,6 +125,8 @@ class PrecisionLinear(nn.Module):
     """
 
     shard_dim: int | None = None  # weight dim split over TP (None: replicated)
+    # Operands identical on every TP rank when quantized (their local amax is the whole tensor's).
+    replicated_operands: frozenset[str] = frozenset({"x", "w", "dy"})
 
     def __init__(self, in_features: int, out_features: int, *, layer: int, linear: str, init_std: float,
                  tp: TensorParallel = UNSHARDED, partitions: int = 1, init_generator: torch.Generator | None = None) -> None:
@@ -138,8 +150,8 @@ class PrecisionLinear(nn.Module):
         self.init_std = init_std
         self.precision = GemmPrecision()
         self.generator: torch.Generator | None = None
-        self.amax_reduce: Callable[[torch.Tensor], torch.Tensor] | None = (
-            comm.amax_reducer(tp.group) if self.shard_dim is not None else None)
+        self.amax_reduce: AmaxReducers | None = None
+        self.set_tp_amax("tensor")
         self.probe: LinearProbe | None = None
         # Runs the GEMMs: the reference until LlamaModel.set_backend installs the configured one.
         self.backend: Backend = get_backend("emulated")
@@ -159,6 +171,15 @@ class PrecisionLinear(nn.Module):
     def set_precision(self, precision: GemmPrecision) -> None:
         self.precision = precision
 
+    def set_tp_amax(self, mode: str) -> None:
+        """Which amax formats with a tensor scale use under TP (module docstring): ``"tensor"``
+        (sharded operands reduced over ``tp.group``) or ``"shard"`` (local amaxes)."""
+        if mode not in TP_AMAX_MODES:
+            raise ValueError(f"precision.tp_amax={mode!r}: choose one of {TP_AMAX_MODES}")
+        reduce = comm.amax_reducer(self.tp.group) if mode == "tensor" else None
+        reducers = AmaxReducers(**{op: None if op in self.replicated_operands else reduce for op in ("x", "w", "dy")})
+        self.amax_reduce = reducers if reducers.reduces else None
+
     def local_gemm(self, x: torch.Tensor, precision: GemmPrecision | None = None) -> torch.Tensor:
         """The quantized GEMM on the local shard, optionally in another precision (used by probes).
 
@@ -169,7 +190,8 @@ class PrecisionLinear(nn.Module):
         if precision.is_reference and self.backend.name in QUANT_LINEAR_BACKENDS:
             # quant_linear's reference path multiplies the weight in x's dtype: hand it the step's copy.
             weight = self.weight_copy.get(weight, activation_dtype(x))
-        return self.backend.linear(x, weight, precision, amax_reduce=self.amax_reduce, generator=self.generator)
+        return self.backend.linear(x, weight, precision, amax_reduce=self.amax_reduce, generator=self.generator,
+                                   is_first_microbatch=self.weight_copy.first_microbatch(self.weight, precision))
 
     def _input_comm(self, x: torch.Tensor) -> torch.Tensor:
         return x
@@ -198,6 +220,7 @@ class ColumnParallelLinear(PrecisionLinear):
     """
 
     shard_dim = 0
+    replicated_operands = frozenset({"x"})
     # Under SP, save the input's sequence shard and re-gather it in backward (parallel/sequence_shard.py;
     # inside LlamaModel.forward's prefetch_chain the re-gather starts one saved input early);
     # LlamaModel.set_recompute turns it off inside fully recomputed blocks.
@@ -225,6 +248,7 @@ class RowParallelLinear(PrecisionLinear):
     """
 
     shard_dim = 1
+    replicated_operands = frozenset({"dy"})
 
     def _output_comm(self, y: torch.Tensor) -> torch.Tensor:
         if self.tp.sequence_parallel:

@@ -270,6 +270,11 @@ class LlamaModel(nn.Module):
         for lin in self.precision_linears():
             lin.backend = backend
 
+    def set_tp_amax(self, mode: str) -> None:
+        """``precision.tp_amax`` for every linear: "tensor" or "shard" (``PrecisionLinear.set_tp_amax``)."""
+        for lin in self.precision_linears():
+            lin.set_tp_amax(mode)
+
     # --- forward ----------------------------------------------------------------
     def _rope(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         key = (seq_len, device)

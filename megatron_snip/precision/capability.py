@@ -7,8 +7,8 @@ Rules:
   * ``emulated`` runs every format on every device (the PyTorch quantizers).
   * ``torch`` runs every format on every device: FP8 formats as real scaled-mm GEMMs
     where this torch build and device run them (probed once per format, operand pair
-    and device by ``backends/scaled_mm.py``), everything else emulated; the reason
-    says which.
+    and device by ``backends/scaled_mm.py``; never on CPU, where it runs emulated),
+    everything else emulated; the reason says which.
   * ``te`` (Transformer Engine) needs ``transformer_engine`` importable, CUDA,
     a CUDA device, and per format the compute capability of TE's recipe:
 
@@ -40,7 +40,7 @@ import torch
 from megatron_snip.precision.formats import FORMATS, get_format
 
 __all__ = [
-    "ARCH_NAMES", "BACKENDS", "GPUS", "PEAK_BF16_TFLOPS", "SCALED_MM_MIN_COMPUTE_CAPABILITY", "TE_MIN_COMPUTE_CAPABILITY",
+    "ARCH_NAMES", "BACKENDS", "GPUS", "PEAK_BF16_TFLOPS", "TE_MIN_COMPUTE_CAPABILITY",
     "Capability", "GpuSpec", "check", "check_gpu_type", "peak_bf16_tflops", "require",
 ]
 
@@ -71,10 +71,6 @@ _TE_AVAILABILITY_FN: dict[str, str] = {
     "mxfp8": "is_mxfp8_available",
     "nvfp4": "is_nvfp4_available",
 }
-
-# Minimum compute capability of the torch backend's real scaled-mm GEMMs per format (other formats,
-# and GEMMs this torch build refuses, run emulated; probed at start-up by ``check``).
-SCALED_MM_MIN_COMPUTE_CAPABILITY: dict[str, tuple[int, int]] = {"fp8": (8, 9), "fp8_block": (9, 0)}
 
 ARCH_NAMES = {(8, 0): "Ampere", (8, 9): "Ada", (9, 0): "Hopper", (10, 0): "Blackwell"}
 
@@ -244,9 +240,11 @@ def check_gpu_type(backend: str, fmt: str, gpu: GpuSpec) -> Capability:
     if backend == "torch":  # every format runs; the FP8 ones as real scaled-mm GEMMs where the GPU has them
         if fmt == "bf16":
             return Capability(True, "bf16 GEMMs run unquantized")
-        real = SCALED_MM_MIN_COMPUTE_CAPABILITY.get(fmt)
-        return Capability(True, f"torch scaled-mm on {gpu.name}" if real and gpu.sm >= real
-                          else "torch backend, emulated GEMM for this format (no scaled-mm path on this GPU)")
+        from megatron_snip.precision.backends.scaled_mm import scaled_mm_expected_on
+
+        real, why = scaled_mm_expected_on(fmt, gpu.sm, cuda="12.9")  # the dry run assumes a current torch build
+        return Capability(True, f"torch scaled-mm on {gpu.name}" if real
+                          else f"torch backend, emulated GEMM for this format ({why})")
     need = TE_MIN_COMPUTE_CAPABILITY.get(fmt)  # recipe variants are absent: no TE recipe either
     if need is None:
         return Capability(False, f"{fmt} has no Transformer Engine recipe; use precision.backend='emulated'")

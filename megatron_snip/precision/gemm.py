@@ -38,14 +38,21 @@ Randomness: only gradient operands of formats with stochastic rounding (nvfp4)
 draw from ``generator``: dgrad's Q(dY) first, then wgrad's Q(dYᵀ), one draw of
 two seeds each.
 
-No torch.distributed here: under tensor parallelism the caller passes
-``amax_reduce`` (an all-reduce MAX over the TP group) and it is applied to the
-local amax of every operand whose format has a tensor scale (fp8, nvfp4).
+Tensor scales under tensor parallelism (no torch.distributed here): formats with a tensor
+scale (fp8, nvfp4) scale an operand by its amax. The caller says per operand - X, W, dY:
+``AmaxReducers`` - which amax that is: the local one (None: the operand is replicated over TP,
+or each shard scales by its own, ``precision.tp_amax="shard"``) or the local one reduced by a
+callable (an all-reduce MAX over the TP group: the whole tensor's, ``"tensor"``). Each reduced
+amax is computed once per forward/backward of a micro-batch: fprop's W amax serves dgrad's Wᵀ,
+dgrad's dY amax serves wgrad's dYᵀ and fprop's X amax wgrad's Xᵀ unless wgrad rotates them (the
+nvfp4 RHT changes the amax) - an amax is a property of the tensor, whatever the format or
+layout, so the bits are those of one reduction per operand and GEMM.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -55,9 +62,69 @@ from megatron_snip.precision.formats import Operand, get_format
 from megatron_snip.precision.plan import GemmPrecision
 from megatron_snip.precision.quantize import quantize
 
-__all__ = ["GemmRunner", "activation_dtype", "emulated_gemm", "quant_linear", "tune_cpu_malloc"]
+__all__ = ["TP_AMAX_MODES", "AmaxReducers", "GemmRunner", "activation_dtype", "emulated_gemm", "operand_reducers",
+           "quant_linear", "tune_cpu_malloc"]
 
 AmaxReduce = Callable[[torch.Tensor], torch.Tensor]
+# A GEMM's reducers: one callable (or None) for both operands, or an (a's, b's) pair.
+GemmAmaxReduce = AmaxReduce | None | tuple[AmaxReduce | None, AmaxReduce | None]
+
+# precision.tp_amax: "tensor" = shards scale by the whole tensor's amax (reduced over TP where an
+# operand is sharded); "shard" = each TP shard by its own amax, as Transformer Engine does.
+TP_AMAX_MODES: tuple[str, ...] = ("tensor", "shard")
+
+
+@dataclass(frozen=True)
+class AmaxReducers:
+    """The amax reduction of each operand of one linear (used by formats with a tensor scale).
+
+    x: the input X (fprop's X, wgrad's Xᵀ); w: the weight W (fprop's W, dgrad's Wᵀ); dy: the
+    output gradient (dgrad's dY, wgrad's dYᵀ). Each is a callable applied to the operand's local
+    0-d amax (e.g. an all-reduce MAX over the TP group) or None: the local amax is used.
+    """
+
+    x: AmaxReduce | None = None
+    w: AmaxReduce | None = None
+    dy: AmaxReduce | None = None
+
+    @staticmethod
+    def of(amax_reduce: AmaxReducers | AmaxReduce | None) -> AmaxReducers:
+        """``amax_reduce`` as AmaxReducers: a single callable (or None) applies to every operand."""
+        if isinstance(amax_reduce, AmaxReducers):
+            return amax_reduce
+        return AmaxReducers(amax_reduce, amax_reduce, amax_reduce)
+
+    @property
+    def reduces(self) -> bool:
+        """Whether any operand's amax is reduced (False: every shard scales by its local amax)."""
+        return any(r is not None for r in (self.x, self.w, self.dy))
+
+
+def operand_reducers(amax_reduce: GemmAmaxReduce) -> tuple[AmaxReduce | None, AmaxReduce | None]:
+    """A ``GemmRunner``'s ``amax_reduce`` as the (a's, b's) pair."""
+    if isinstance(amax_reduce, tuple):
+        return amax_reduce
+    return amax_reduce, amax_reduce
+
+
+class _ReducedOnce:
+    """An AmaxReduce that runs its reduction on the first call and returns that result after.
+
+    One per (operand, rotation) and micro-batch (``_QuantLinearFn``): the GEMMs that quantize the
+    same tensor share one collective. Valid because every call passes the same local amax (the
+    same tensor, unmodified between forward and backward)."""
+
+    def __init__(self, reduce: AmaxReduce) -> None:
+        self.reduce, self.result = reduce, None
+
+    def __call__(self, amax: torch.Tensor) -> torch.Tensor:
+        if self.result is None:
+            self.result = self.reduce(amax)
+        return self.result
+
+
+def _once(reduce: AmaxReduce | None) -> AmaxReduce | None:
+    return None if reduce is None else _ReducedOnce(reduce)
 
 
 def tune_cpu_malloc(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 << 30) -> bool:
@@ -93,22 +160,24 @@ class GemmRunner(Protocol):
 
     a (M, R) and b (P, R), either possibly a transposed view; returns fp32 (M, P). The autograd
     function calls it with autocast disabled, so what it returns is what it computed.
+    ``amax_reduce``: one reducer for both operands or an (a's, b's) pair (``operand_reducers``).
     """
 
     def __call__(self, fmt: str, a: torch.Tensor, a_kind: Operand, b: torch.Tensor, b_kind: Operand, *,
-                 hadamard: bool, amax_reduce: AmaxReduce | None, generator: torch.Generator | None,
+                 hadamard: bool, amax_reduce: GemmAmaxReduce, generator: torch.Generator | None,
                  compiled: bool) -> torch.Tensor: ...
 
 
 def emulated_gemm(fmt: str, a: torch.Tensor, a_kind: Operand, b: torch.Tensor, b_kind: Operand, *,
-                  hadamard: bool, amax_reduce: AmaxReduce | None, generator: torch.Generator | None,
+                  hadamard: bool, amax_reduce: GemmAmaxReduce, generator: torch.Generator | None,
                   compiled: bool) -> torch.Tensor:
     """The reference ``GemmRunner``: Q(a)·Q(b)ᵀ on the dequantized operands, fp32 multiply and accumulate.
 
     Q(a) is quantized before Q(b), so stochastic rounding draws from ``generator`` in that order.
     """
-    qa = quantize(a, fmt, a_kind, generator=generator, hadamard=hadamard, amax_reduce=amax_reduce, compiled=compiled)
-    qb = quantize(b, fmt, b_kind, generator=generator, hadamard=hadamard, amax_reduce=amax_reduce, compiled=compiled)
+    reduce_a, reduce_b = operand_reducers(amax_reduce)
+    qa = quantize(a, fmt, a_kind, generator=generator, hadamard=hadamard, amax_reduce=reduce_a, compiled=compiled)
+    qb = quantize(b, fmt, b_kind, generator=generator, hadamard=hadamard, amax_reduce=reduce_b, compiled=compiled)
     return qa @ qb.t()
 
 
@@ -131,17 +200,21 @@ class _QuantLinearFn(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, precision, amax_reduce, generator, compiled, gemm):  # type: ignore[override]
+    def forward(ctx, x, weight, precision, reducers, generator, compiled, gemm):  # type: ignore[override]
         act = activation_dtype(x)
         x_tk = x.reshape(-1, x.shape[-1])
+        # One reduction per operand and micro-batch (module docstring): fprop's amaxes of X and W
+        # are kept for wgrad's unrotated Xᵀ and dgrad's Wᵀ.
+        x_amax, w_amax = _once(reducers.x), _once(reducers.w)
         with torch.autocast(x.device.type, enabled=False):
             if precision.fprop == "bf16":
                 y_tn = F.linear(x_tk.to(act), weight.to(act))
             else:
                 y_tn = gemm(precision.fprop, x_tk, Operand.ACTIVATION, weight, Operand.WEIGHT, hadamard=False,
-                            amax_reduce=amax_reduce, generator=None, compiled=compiled).to(act)
+                            amax_reduce=(x_amax, w_amax), generator=None, compiled=compiled).to(act)
         ctx.save_for_backward(x, weight)
-        ctx.precision, ctx.amax_reduce, ctx.generator, ctx.compiled = precision, amax_reduce, generator, compiled
+        ctx.precision, ctx.generator, ctx.compiled = precision, generator, compiled
+        ctx.reducers, ctx.x_amax, ctx.w_amax = reducers, x_amax, w_amax
         ctx.gemm, ctx.act = gemm, act
         return y_tn.reshape(*x.shape[:-1], weight.shape[0])
 
@@ -153,7 +226,9 @@ class _QuantLinearFn(torch.autograd.Function):
         act: torch.dtype = ctx.act
         x_tk = x.reshape(-1, x.shape[-1])
         dy_tn = dy.reshape(-1, dy.shape[-1])
-        common = {"amax_reduce": ctx.amax_reduce, "generator": ctx.generator, "compiled": ctx.compiled}
+        common = {"generator": ctx.generator, "compiled": ctx.compiled}
+        reducers: AmaxReducers = ctx.reducers
+        dy_amax = _once(reducers.dy)  # dgrad's dY amax, kept for wgrad's unrotated dYᵀ
         dx = dw = None
         with torch.autocast(x.device.type, enabled=False):
             if ctx.needs_input_grad[0]:
@@ -162,15 +237,17 @@ class _QuantLinearFn(torch.autograd.Function):
                 else:
                     # Wᵀ is a transposed view: quantize reads W contiguously, blocks along N.
                     dx_tk = ctx.gemm(precision.dgrad, dy_tn, Operand.GRADIENT, weight.t(), Operand.WEIGHT,
-                                     hadamard=False, **common)
+                                     hadamard=False, amax_reduce=(dy_amax, ctx.w_amax), **common)
                 dx = dx_tk.to(x.dtype).reshape(x.shape)
             if ctx.needs_input_grad[1]:
                 if precision.wgrad == "bf16":
                     dw = dy_tn.to(act).t() @ x_tk.to(act)
                 else:
                     rht = get_format(precision.wgrad).wgrad_hadamard
+                    # The RHT changes the operands' amaxes: rotated ones are reduced afresh.
+                    reduce_pair = (reducers.dy, reducers.x) if rht else (dy_amax, ctx.x_amax)
                     dw = ctx.gemm(precision.wgrad, dy_tn.t(), Operand.GRADIENT, x_tk.t(), Operand.ACTIVATION,
-                                  hadamard=rht, **common)
+                                  hadamard=rht, amax_reduce=reduce_pair, **common)
                 dw = dw.to(weight.dtype)
         return dx, dw, None, None, None, None, None
 
@@ -180,7 +257,7 @@ def quant_linear(
     weight: torch.Tensor,
     precision: GemmPrecision,
     *,
-    amax_reduce: AmaxReduce | None = None,
+    amax_reduce: AmaxReducers | AmaxReduce | None = None,
     generator: torch.Generator | None = None,
     compiled: bool = False,
     gemm: GemmRunner = emulated_gemm,
@@ -191,8 +268,10 @@ def quant_linear(
         x: (..., K) activations, fp32 or bf16; leading dims are tokens (T).
         weight: (N, K) weight, normally the fp32 master Parameter.
         precision: formats of the three GEMMs (``"bf16"`` = unquantized).
-        amax_reduce: applied to each local tensor amax of formats with a
-            tensor scale (an all-reduce MAX over the TP group); None = local.
+        amax_reduce: per operand (``AmaxReducers``), or one callable for every
+            operand: applied to the local tensor amax of formats with a tensor
+            scale (an all-reduce MAX over the TP group), once per operand and
+            micro-batch (see the module docstring); None = local amaxes.
         generator: stochastic-rounding randomness for the backward pass.
         compiled: run the quantizers through torch.compile (same numerics,
             much faster on CPU after the first call per shape).
@@ -215,4 +294,4 @@ def quant_linear(
         )
     if precision.is_reference:
         return F.linear(x, weight.to(x.dtype))  # the reference path, autograd as usual
-    return _QuantLinearFn.apply(x, weight, precision, amax_reduce, generator, compiled, gemm)
+    return _QuantLinearFn.apply(x, weight, precision, AmaxReducers.of(amax_reduce), generator, compiled, gemm)

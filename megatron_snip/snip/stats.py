@@ -36,7 +36,7 @@ import torch
 
 from megatron_snip.model.layers import ColumnParallelLinear, PrecisionLinear
 from megatron_snip.precision.formats import Operand
-from megatron_snip.precision.gemm import quant_linear
+from megatron_snip.precision.gemm import AmaxReducers, quant_linear
 from megatron_snip.precision.plan import LINEARS, GemmPrecision
 from megatron_snip.precision.quantize import quantize
 from megatron_snip.snip.host import ProbeHost
@@ -409,7 +409,8 @@ def quantized_gemms(lin: PrecisionLinear, x_tk: torch.Tensor, g_tn: torch.Tensor
     """(Y, dX, dW) of the linear's three GEMMs in ``precision`` on stored X (T, K) and G (T, N).
 
     Run by the emulated formats (``quant_linear``, the numerics reference of every backend and
-    the emulated backend's own GEMM) with the layer's TP amax reduction, on a detached copy of
+    the emulated backend's own GEMM) with the layer's TP amax reductions (``precision.tp_amax``:
+    whole-tensor or per-shard amaxes, as the training GEMMs and the te backend), on a detached copy of
     W: Transformer Engine's module API could only run them through the training ``te.Linear``
     and its weight Parameter (``TEBackend.linear``). ``generator`` drives stochastic rounding.
     """
@@ -423,11 +424,14 @@ def quantized_gemms(lin: PrecisionLinear, x_tk: torch.Tensor, g_tn: torch.Tensor
 
 def operand_error(lin: PrecisionLinear, x_tk: torch.Tensor, w_nk: torch.Tensor, fmt: str, which: str, *,
                   generator: torch.Generator | None = None, compiled: bool = False) -> float:
-    """‖Q(a) - a‖² of one operand as its GEMM quantizes it (x, w: fprop blocking along K; g: dgrad along N)."""
+    """‖Q(a) - a‖² of one operand as its GEMM quantizes it (x, w: fprop blocking along K; g: dgrad along N),
+    with the layer's amax reduction for that operand (``precision.tp_amax``, as ``quant_linear``)."""
     if fmt == "bf16":
         return 0.0
-    a, op = {"x": (x_tk, Operand.ACTIVATION), "w": (w_nk, Operand.WEIGHT), "g": (x_tk, Operand.GRADIENT)}[which]
-    q = quantize(a, fmt, op, generator=generator, amax_reduce=lin.amax_reduce, compiled=compiled)
+    red = AmaxReducers.of(lin.amax_reduce)
+    a, op, reduce = {"x": (x_tk, Operand.ACTIVATION, red.x), "w": (w_nk, Operand.WEIGHT, red.w),
+                     "g": (x_tk, Operand.GRADIENT, red.dy)}[which]
+    q = quantize(a, fmt, op, generator=generator, amax_reduce=reduce, compiled=compiled)
     return float((q - a).pow(2).sum())
 
 

@@ -142,6 +142,7 @@ class Trainer:
         self.all_gemm_ids = all_gemm_ids(cfg.model.num_layers)
         self.plan: PrecisionPlan = resolve_initial_plan(cfg, self.all_gemm_ids, self.linear_numel)
         self.model.set_backend(self._build_backend(self.plan))
+        self.model.set_tp_amax(cfg.precision.tp_amax)
 
         # Optional W&B mirror of metrics.jsonl and of every plan (rank 0 only; None otherwise).
         self.wandb = WandbSink.from_config(cfg, self.run_dir, is_writer=self.is_writer) if logger is None else None
@@ -172,7 +173,7 @@ class Trainer:
             formats |= set(self.cfg.snip.formats)
         require(p.backend, formats, self.device)
         if p.backend == "te":
-            backend = get_backend("te", tp_size=self.topo.tp)
+            backend = get_backend("te", tp_size=self.topo.tp, tp_amax=p.tp_amax)
             backend.check_run(initial_plan, formats, activation_dtype=self.autocast_dtype or torch.float32,
                               per_gemm_replans=self.cfg.snip.enabled and self.cfg.snip.granularity == "gemm")
             return backend

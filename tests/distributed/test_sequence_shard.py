@@ -30,7 +30,7 @@ BASE = SHAPES + ["precision.compile_quantizers=false", "training.micro_batch_siz
                  "training.progress=false", "snip.enabled=false", "data.valid_paths=[]"]
 SETTINGS = {"fp32": ["training.dtype=float32"], "autocast_bf16plan": ["training.dtype=bfloat16"],
             "autocast_nvfp4": ["training.dtype=bfloat16", "precision.initial_plan=uniform:nvfp4"],
-            # The torch backend runs the same autograd function (its FP8 GEMMs real, here on CPU too).
+            # The torch backend runs the same autograd function (on CPU with the emulated GEMM inside).
             "torch_autocast_fp8": ["training.dtype=bfloat16", "precision.backend=torch",
                                    "precision.initial_plan=uniform:fp8"]}
 

@@ -48,3 +48,29 @@ def test_te_linear_close_to_emulated(fmt):
     for i in (1, 2):  # gradients: same direction
         cos = torch.nn.functional.cosine_similarity(outs["te"][i].flatten(), outs["emulated"][i].flatten(), dim=0)
         assert cos > 0.95, (fmt, i, cos.item())
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "mxfp8", "nvfp4"])
+def test_te_weight_kept_per_step_equals_fresh_quantization(fmt):
+    """is_first_microbatch from the step scope: the kept quantized weight gives the bits of
+    quantizing afresh at every micro-batch, and a weight changed between steps is re-quantized
+    (a stale kept weight would give the previous step's output)."""
+    if not check("te", fmt, "cuda"):
+        pytest.skip(check("te", fmt, "cuda").reason)
+    from megatron_snip.model.layers import PrecisionLinear
+
+    torch.manual_seed(0)
+    lin = PrecisionLinear(512, 384, layer=0, linear="qkv", init_std=0.02).cuda()
+    lin.backend = get_backend("te")
+    lin.set_precision(GemmPrecision.uniform(fmt))
+    xs = [torch.randn(256, 512, device="cuda") for _ in range(2)]
+    for _step in range(2):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            lin.weight_copy.open()
+            kept = [lin(x) for x in xs]
+            lin.weight_copy.close()
+            fresh = [lin.backend.linear(x, lin.weight, lin.precision, is_first_microbatch=None) for x in xs]
+        for a, b in zip(kept, fresh):
+            assert torch.equal(a, b)
+        with torch.no_grad():
+            lin.weight.mul_(1.5)

@@ -53,6 +53,7 @@ BAD = [
     (["snip.formats=[\"fp8\",\"fp6\"]"], 1, ["snip.formats", "fp6", "choose from"]),
     (["snip.formats=[\"fp8\"]", "snip.fp4_target=0.5"], 1, ["snip.fp4_target", "no FP4 format", "nvfp4"]),
     (["precision.backend=cuda"], 1, ["precision.backend", "cuda", "emulated"]),
+    (["precision.tp_amax=whole"], 1, ["precision.tp_amax", "whole", "shard"]),
     (["parallel.tp=3"], 3, ["model.num_attention_heads", "parallel.tp=3"]),
     (["parallel.pp=3"], 3, ["model.num_layers", "parallel.pp=3"]),
     (["parallel.tp=2"], 3, ["parallel.tp*parallel.pp", "world size 3"]),

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron_snip.precision.formats import FORMATS, Operand, get_format
-from megatron_snip.precision.gemm import quant_linear
+from megatron_snip.precision.gemm import AmaxReducers, quant_linear
 from megatron_snip.precision.gemm_shapes import gemm_shape_error
 from megatron_snip.precision.plan import GEMMS, GemmPrecision
 from megatron_snip.precision.quantize import quantize
@@ -50,21 +50,23 @@ def run(x, w, dy, precision, seed=11, **kw):
 
 
 def reference(x, w, dy, precision, seed=11, amax_reduce=None):
-    """Hand-written quantize-then-matmul for each GEMM (the same draw order as gemm.py)."""
+    """Hand-written quantize-then-matmul for each GEMM (the same draw order as gemm.py); every
+    operand of every GEMM reduces its own amax with ``amax_reduce`` (an AmaxReducers or one callable)."""
     g = torch.Generator().manual_seed(seed)
     x2, dy2 = x.reshape(-1, K), dy.reshape(-1, N)
+    red = AmaxReducers.of(amax_reduce)
 
-    def q(t, fmt, kind, h=False):
-        return quantize(t, fmt, kind, generator=g, hadamard=h, amax_reduce=amax_reduce)
+    def q(t, fmt, kind, reduce, h=False):
+        return quantize(t, fmt, kind, generator=g, hadamard=h, amax_reduce=reduce)
 
     f, d, wg = precision.fprop, precision.dgrad, precision.wgrad
-    y = x2 @ w.t() if f == "bf16" else q(x2, f, Operand.ACTIVATION) @ q(w, f, Operand.WEIGHT).t()
-    dx = dy2 @ w if d == "bf16" else q(dy2, d, Operand.GRADIENT) @ q(w.t(), d, Operand.WEIGHT).t()
+    y = x2 @ w.t() if f == "bf16" else q(x2, f, Operand.ACTIVATION, red.x) @ q(w, f, Operand.WEIGHT, red.w).t()
+    dx = dy2 @ w if d == "bf16" else q(dy2, d, Operand.GRADIENT, red.dy) @ q(w.t(), d, Operand.WEIGHT, red.w).t()
     if wg == "bf16":
         dw = dy2.t() @ x2
     else:
         h = get_format(wg).wgrad_hadamard
-        dw = q(dy2.t(), wg, Operand.GRADIENT, h) @ q(x2.t(), wg, Operand.ACTIVATION, h).t()
+        dw = q(dy2.t(), wg, Operand.GRADIENT, red.dy, h) @ q(x2.t(), wg, Operand.ACTIVATION, red.x, h).t()
     return y.reshape(*T_SHAPE, N), dx.reshape(x.shape), dw
 
 
@@ -127,15 +129,40 @@ def test_amax_reduce_is_called_and_used():
         calls.append(local.clone())
         return local * 3  # as if another TP shard held a 3x larger amax (not a power of 2: that would only shift exponents)
 
-    for fmt, n_calls in (("fp8", 6), ("nvfp4", 6), ("mxfp8", 0)):
+    # Six operands quantized; one reduction per tensor: X, W, dY (fp8: 3), plus nvfp4's rotated
+    # wgrad operands dYᵀH and XᵀH (5). The reference reduces all six: the same bits.
+    for fmt, n_calls in (("fp8", 3), ("nvfp4", 5), ("mxfp8", 0)):
         calls.clear()
         p = GemmPrecision.uniform(fmt)
         got = run(x, w, dy, p, amax_reduce=fake_all_reduce_max)
-        assert len(calls) == n_calls, fmt  # once per operand with a tensor scale
+        assert len(calls) == n_calls, fmt
         want = reference(x, w, dy, p, amax_reduce=lambda a: a * 3)
         assert all(bits_equal(a, b) for a, b in zip(got, want)), fmt
         if n_calls:
             assert not torch.equal(got[0], run(x, w, dy, p)[0])  # the reduced amax changed the scales
+
+
+@pytest.mark.parametrize("operand", ["x", "w", "dy"])
+def test_amax_reducers_per_operand(operand):
+    """Only the operand given a reducer reduces (in every GEMM that quantizes it); the others use
+    their local amax - a replicated operand's local amax is the whole tensor's."""
+    x, w, dy = make_inputs(7)
+    calls = []
+
+    def reduce(local):
+        calls.append(1)
+        return local * 3
+
+    red = AmaxReducers(**{operand: reduce})
+    for p in (GemmPrecision.uniform("fp8"), GemmPrecision("mxfp8", "fp8", "nvfp4")):
+        calls.clear()
+        got = run(x, w, dy, p, amax_reduce=red)
+        # fp8 everywhere: once per tensor. Mixed: W only in dgrad (1); dY in dgrad and, rotated, in
+        # wgrad (2); X only rotated in wgrad (1).
+        assert len(calls) == (2 if operand == "dy" and p.wgrad == "nvfp4" else 1), (operand, p)
+        want = reference(x, w, dy, p, amax_reduce=red)
+        assert all(bits_equal(a, b) for a, b in zip(got, want)), (operand, p)
+        assert not all(bits_equal(a, b) for a, b in zip(got, run(x, w, dy, p))), (operand, p)  # the reducer mattered
 
 
 def test_nan_input_propagates():

@@ -2,9 +2,11 @@
 its GEMMs equal the emulated ones within fp32-accumulation tolerance; unsupported scalings fall
 back to the emulated GEMM for that GEMM only, recorded once.
 
-CPU torch 2.13 runs tensor-wise FP8 scaled-mm (so ``fp8`` is tested for real here); block,
-MX and NVFP4 scalings are refused on CPU, so their scaled-mm paths are exercised only on a GPU
-(tests/gpu/test_torch_backend.py) and here only their recorded fallback is.
+CPU torch 2.13 runs tensor-wise FP8 scaled-mm (so ``fp8`` is tested for real here, through the
+backend's ``cpu_reference`` option: a training run on CPU runs the emulated GEMM, said at
+start-up); block, MX and NVFP4 scalings are refused on CPU, so their scaled-mm paths are
+exercised only on a GPU (tests/gpu/test_torch_backend.py), here only their recorded fallback
+is, and the fp8_block layout is checked against PyTorch's contract in test_scaled_mm_contract.py.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 
 from megatron_snip.precision import fallbacks
 from megatron_snip.precision.backends import get_backend
-from megatron_snip.precision.backends.scaled_mm import OPERAND_PAIRS, ScaledMMGemm, scaled_mm_support
+from megatron_snip.precision.backends.scaled_mm import CPU_REASON, OPERAND_PAIRS, ScaledMMGemm, scaled_mm_support
 from megatron_snip.precision.capability import check
 from megatron_snip.precision.formats import Operand
 from megatron_snip.precision.gemm import emulated_gemm
@@ -26,9 +28,14 @@ from megatron_snip.precision.plan import GemmPrecision
 from megatron_snip.precision.quantize import quantize
 from megatron_snip.precision.quantize.scaled import SCALED_FORMATS, dequantize, quantize_scaled
 
-CPU_FP8 = scaled_mm_support("fp8", "cpu")[0]
+CPU_FP8 = scaled_mm_support("fp8", "cpu", cpu_reference=True)[0]
 needs_cpu_fp8 = pytest.mark.skipif(not CPU_FP8, reason=f"this torch has no CPU FP8 scaled-mm: "
-                                                       f"{scaled_mm_support('fp8', 'cpu')[1]}")
+                                                       f"{scaled_mm_support('fp8', 'cpu', cpu_reference=True)[1]}")
+
+
+def reference_backend():
+    """The torch backend with CPU's reference scaled-mm switched on (numerics tests only)."""
+    return get_backend("torch", cpu_reference=True)
 
 
 def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -74,7 +81,7 @@ def test_scaled_operands_are_the_reference_quantization(fmt, kind):
 
 @needs_cpu_fp8
 def test_fp8_gemms_match_the_emulated_gemm():
-    runner = ScaledMMGemm()
+    runner = ScaledMMGemm(cpu_reference=True)
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(64, 128, generator=g), torch.randn(96, 128, generator=g) * 0.05
     for a_kind, b_kind in OPERAND_PAIRS:
@@ -98,7 +105,7 @@ def _run(backend, x, w, dy, precision, seed=5):
 def test_per_gemm_plan_runs_each_gemm_in_its_format_and_records_fallbacks_once():
     g = torch.Generator().manual_seed(1)
     x, w, dy = torch.randn(2, 64, 128, generator=g), torch.randn(128, 128, generator=g) / 11, torch.randn(2, 64, 128, generator=g)
-    torch_be, emulated = get_backend("torch"), get_backend("emulated")
+    torch_be, emulated = reference_backend(), get_backend("emulated")
     mixed = GemmPrecision("fp8", "nvfp4", "fp8_block")  # real fp8 fprop; nvfp4 (SR) and fp8_block emulated on CPU
     got = _run(torch_be, x, w, dy, mixed)
     with warnings.catch_warnings(record=True) as caught:
@@ -122,33 +129,46 @@ def test_autocast_does_not_change_the_torch_backend_gemms():
     g = torch.Generator().manual_seed(2)
     x, w, dy = torch.randn(64, 128, generator=g), torch.randn(128, 128, generator=g) / 11, torch.randn(64, 128, generator=g)
     p = GemmPrecision.uniform("fp8")
-    plain = _run(get_backend("torch"), x, w, dy, p)
+    plain = _run(reference_backend(), x, w, dy, p)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        cast = _run(get_backend("torch"), x, w, dy.bfloat16(), p)
+        cast = _run(reference_backend(), x, w, dy.bfloat16(), p)
     assert cast[0].dtype == torch.bfloat16 and torch.equal(cast[0], plain[0].bfloat16())
-    assert torch.equal(cast[2], _run(get_backend("torch"), x, w, dy.bfloat16().float(), p)[2])
+    assert torch.equal(cast[2], _run(reference_backend(), x, w, dy.bfloat16().float(), p)[2])
 
 
-def test_capability_reports_which_gemms_are_real():
-    fp8 = check("torch", "fp8", "cpu")
-    assert fp8.ok and ("real scaled-mm" in fp8.reason) == CPU_FP8
-    for fmt in ("mxfp8", "nvfp4", "mxfp4"):
+def test_capability_says_the_torch_backend_runs_emulated_on_cpu():
+    for fmt in ("fp8", "fp8_block", "mxfp8", "nvfp4", "mxfp4"):
         cap = check("torch", fmt, "cpu")
-        assert cap.ok and "emulated GEMM fallback" in cap.reason and "no scaled-mm path" in cap.reason
+        assert cap.ok and "emulated GEMM fallback" in cap.reason and CPU_REASON in cap.reason, fmt
+    assert "torch backend on cpu runs every GEMM emulated" in fallbacks.recorded()
 
 
-@needs_cpu_fp8
-def test_trainer_runs_with_the_torch_backend(small_overrides):
+def test_the_torch_backend_on_cpu_is_the_emulated_backend():
+    g = torch.Generator().manual_seed(6)
+    x, w, dy = torch.randn(128, 128, generator=g), torch.randn(128, 128, generator=g) / 11, torch.randn(128, 128, generator=g)
+    for p in (GemmPrecision.uniform("fp8"), GemmPrecision("fp8", "nvfp4", "fp8_block")):
+        torch_be = get_backend("torch")
+        got, want = _run(torch_be, x, w, dy, p), _run(get_backend("emulated"), x, w, dy, p)
+        assert all(bits_equal(a, b) for a, b in zip(got, want))
+        assert torch_be.fallbacks and all(r == CPU_REASON for r in torch_be.fallbacks.values())
+
+
+def test_trainer_on_cpu_says_at_start_up_that_the_torch_backend_runs_emulated(small_overrides, monkeypatch):
     from megatron_snip.config import load_config
     from megatron_snip.training.trainer import Trainer
 
+    monkeypatch.setattr(fallbacks, "_RECORDED", {})  # this process may have said it before
+    monkeypatch.setattr(fallbacks, "_UNLOGGED", [])
     cfg = load_config("launch/configs/tiny.toml", small_overrides + [
         "precision.backend=torch", "precision.initial_plan=uniform:fp8", "training.max_steps=2"])
     tr = Trainer(cfg)
+    assert f"fallback: torch backend on cpu runs every GEMM emulated: {CPU_REASON}" in fallbacks.drain()
     tr.fit()
     tr.logger.close()
     assert all(lin.backend.name == "torch" for lin in tr.model.precision_linears())
-    assert tr.model.precision_linears().__next__().backend.fallbacks == {}  # every fp8 GEMM was a scaled-mm
+    ran = tr.model.precision_linears().__next__().backend.fallbacks
+    assert sorted(ran) == sorted(f"fp8 {a.value} x {b.value} on cpu" for a, b in OPERAND_PAIRS)
+    assert set(ran.values()) == {CPU_REASON}
     rows = [json.loads(line) for line in (tr.run_dir / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in rows if "loss" in r]
     assert tr.step == 2 and losses and all(math.isfinite(v) for v in losses)
@@ -162,7 +182,7 @@ def test_a_refused_gemm_falls_back_without_a_second_amax_reduction(monkeypatch):
         raise RuntimeError("mat2 must be col_major")
 
     monkeypatch.setattr(scaled_mm, "_mm", refuse)
-    runner = ScaledMMGemm()
+    runner = ScaledMMGemm(cpu_reference=True)
     calls = []
     reduce = lambda amax: calls.append(1) or amax  # noqa: E731 - stands for the TP all-reduce
     g = torch.Generator().manual_seed(4)

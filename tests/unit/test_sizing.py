@@ -19,7 +19,6 @@ LINEARS_PER_BLOCK = 8192 * (64 + 2 * 8) * 128 + 8192 * 8192 + 2 * 28672 * 8192 +
 NORMS_PER_BLOCK = 2 * 8192
 LLAMA2_70B_PARAMS = 68_976_648_192  # the published count (Touvron et al. 2023, HF config)
 TOKENS_PER_STEP = 1024 * 4096
-TE = ["precision.backend=te"]
 
 
 @pytest.fixture(autouse=True)
@@ -29,8 +28,8 @@ def _default_gpu(monkeypatch):
 
 @pytest.fixture(scope="module")
 def s70():
-    # With Transformer Engine: these tests check its support table (the shipped config runs "torch").
-    return sizing.estimate(load_config(CFG_70B, TE), 64)
+    # The shipped config runs Transformer Engine: these tests check its support table too.
+    return sizing.estimate(load_config(CFG_70B), 64)
 
 
 def test_70b_layout_and_parameter_count(s70):
@@ -111,7 +110,7 @@ def test_70b_snip_problem_and_gpu_support(s70):
     assert s70.support["fp8"][0] and s70.support["bf16"][0]
     ok, why = s70.support["nvfp4"]
     assert not ok and "Blackwell" in why and "emulated" in why
-    b200 = sizing.estimate(load_config(CFG_70B, TE), 64, gpu="b200")
+    b200 = sizing.estimate(load_config(CFG_70B), 64, gpu="b200")
     assert all(ok for ok, _ in b200.support.values())
 
 
@@ -128,12 +127,29 @@ def test_dry_run_cli_prints_report_without_process_group(capsys):
 
     from megatron_snip.train import main
 
-    assert main(["--config", CFG_70B, "--dry-run", "--world-size", "64", "--set", TE[0]]) == 0
+    assert main(["--config", CFG_70B, "--dry-run", "--world-size", "64"]) == 0
     out = capsys.readouterr().out
     for text in ("68,976,648,192", "TP 8 x PP 8 x DP 1", "10 blocks per stage", "640 Booleans", "329 constraints",
                  "nvfp4     NO"):
         assert text in out, text
     assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize("name,world", [("llama_3b", 8), ("llama_7b", 16), ("llama_70b", 64)])
+def test_multi_gpu_configs_run_transformer_engine_per_shard(name, world):
+    """The shipped TP configs name TE with what it supports under TP: per-shard amaxes, one recipe per
+    linear. The dry run accepts them and refuses what TE would refuse at start-up, with the fix."""
+    cfg = load_config(f"launch/configs/{name}.toml")
+    assert cfg.parallel.tp > 1
+    assert (cfg.precision.backend, cfg.precision.tp_amax, cfg.snip.granularity) == ("te", "shard", "layer")
+    s = sizing.estimate(cfg, world, gpu="b200")
+    assert s.backend == "te" and all(ok for ok, _ in s.support.values())
+    with pytest.raises(ValueError, match=r"\['fp8', 'nvfp4'\] have a tensor scale.*precision.tp_amax=\"shard\""):
+        sizing.estimate(load_config(f"launch/configs/{name}.toml", ["precision.tp_amax=tensor"]), world)
+    with pytest.raises(ValueError, match='set snip.granularity="layer"'):
+        sizing.estimate(load_config(f"launch/configs/{name}.toml", ["snip.granularity=gemm"]), world)
+    sizing.estimate(load_config(f"launch/configs/{name}.toml", ["precision.tp_amax=tensor", "precision.backend=torch",
+                                                                "snip.granularity=gemm"]), world)
 
 
 def test_world_size_is_validated():
@@ -185,7 +201,7 @@ def test_formats_of_a_plan_file_are_checked_against_the_backend(tmp_path):
 
     plan_path = tmp_path / "plan.json"
     plan_path.write_text(PrecisionPlan.uniform("mxfp4", 80, {"qkv": 1, "proj": 1, "fc1": 1, "fc2": 1}).to_json())
-    s = sizing.estimate(load_config(CFG_70B, [*TE, f"precision.initial_plan={plan_path}", "snip.enabled=false"]), 64,
+    s = sizing.estimate(load_config(CFG_70B, [f"precision.initial_plan={plan_path}", "snip.enabled=false"]), 64,
                         gpu="b200")
     assert s.formats_used == ("bf16", "mxfp4")
     assert s.support["mxfp4"][0] is False and "no Transformer Engine recipe" in s.support["mxfp4"][1]

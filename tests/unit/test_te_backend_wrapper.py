@@ -1,82 +1,28 @@
 """The Transformer Engine backend's own logic, on CPU, against a stand-in for TE.
 
-``FakeTE`` has the parts of ``transformer_engine`` the backend touches: ``pytorch.Linear``
-(a bias-free linear reading ``self.weight`` at every forward, as te.Linear does),
-``pytorch.autocast(enabled, recipe, ...)`` and ``common.recipe``'s recipe classes. It records
-what the backend did (modules built, recipes built, forwards and the recipe active in each),
-so these tests check our wrapper - module cache, recipe and capability caching, the TP and
-NVFP4 refusals, start-up checks - not TE's numerics (tests/gpu/ does that where TE runs).
+``FakeTE`` (tests/te_standin.py) has the parts of ``transformer_engine`` the backend touches
+and records what the backend did (modules built, recipes built, forwards with the recipe active
+and ``is_first_microbatch``), so these tests check our wrapper - module cache, recipe and
+capability caching, the TP and NVFP4 refusals, start-up checks, the once-per-step weight flag -
+not TE's numerics (tests/gpu/ does that where TE runs).
 """
 
 from __future__ import annotations
 
-import contextlib
-import sys
-import types
-
 import pytest
 import torch
-import torch.nn.functional as F
+from te_standin import FakeTE
 
+from megatron_snip.model.layers import PrecisionLinear
 from megatron_snip.precision.backends import get_backend
 from megatron_snip.precision.backends.te import TEBackend
+from megatron_snip.precision.gemm import AmaxReducers, quant_linear
 from megatron_snip.precision.plan import GemmId, GemmPrecision, PrecisionPlan, all_gemm_ids
-
-
-class FakeTE:
-    """Installs stand-in ``transformer_engine`` modules into ``sys.modules`` and records calls."""
-
-    def __init__(self) -> None:
-        self.modules_built: list[torch.nn.Module] = []
-        self.recipes_built: list[object] = []
-        self.forward_recipes: list[object] = []
-        self._active: list[object] = []
-        fake = self
-
-        class Linear(torch.nn.Module):
-            def __init__(self, in_features, out_features, bias=True, params_dtype=None, device="cuda", **kw):
-                super().__init__()
-                self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, dtype=params_dtype,
-                                                             device=device))
-                fake.modules_built.append(self)
-
-            def forward(self, inp):
-                fake.forward_recipes.append(fake._active[-1] if fake._active else None)
-                return F.linear(inp, self.weight.to(inp.dtype))  # TE computes in the input (or autocast) dtype
-
-        @contextlib.contextmanager
-        def autocast(enabled=True, recipe=None, amax_reduction_group=None):
-            fake._active.append(recipe)
-            try:
-                yield
-            finally:
-                fake._active.pop()
-
-        def recipe_class(name):
-            def init(self, **kw):
-                self.kw = kw
-                fake.recipes_built.append(self)
-            return type(name, (), {"__init__": init})
-
-        recipe = types.ModuleType("transformer_engine.common.recipe")
-        for name in ("Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling", "NVFP4BlockScaling"):
-            setattr(recipe, name, recipe_class(name))
-        recipe.Format = types.SimpleNamespace(HYBRID="HYBRID", E4M3="E4M3")
-        pt = types.ModuleType("transformer_engine.pytorch")
-        pt.Linear, pt.autocast = Linear, autocast
-        common = types.ModuleType("transformer_engine.common")
-        common.recipe = recipe
-        root = types.ModuleType("transformer_engine")
-        root.pytorch, root.common = pt, common
-        self.sys_modules = {"transformer_engine": root, "transformer_engine.pytorch": pt,
-                            "transformer_engine.common": common, "transformer_engine.common.recipe": recipe}
 
 
 @pytest.fixture
 def fake_te(monkeypatch):
-    fake = FakeTE()
-    for name, mod in fake.sys_modules.items():
-        monkeypatch.setitem(sys.modules, name, mod)
+    fake = FakeTE().install(monkeypatch.setitem)
     calls = []
 
     def supports(self, fmt, device=None):  # the capability table is tested in test_capability.py
@@ -91,7 +37,7 @@ def fake_te(monkeypatch):
 NUMEL = {"qkv": 1, "proj": 1, "fc1": 1, "fc2": 1}  # parameter counts only feed the plan's FP4 share
 
 
-def _weight(n=8, k=16):
+def _weight(n=32, k=64):
     return torch.nn.Parameter(torch.randn(n, k, generator=torch.Generator().manual_seed(0)))
 
 
@@ -99,20 +45,21 @@ def test_same_weight_twice_reuses_its_module(fake_te):
     # The WeakKeyDictionary keyed by the weight compared tensors with == on the second lookup
     # and raised "Boolean value of Tensor with more than one value is ambiguous" at step 2.
     be, w = get_backend("te"), _weight()
-    x = torch.randn(4, 16)
+    x = torch.randn(32, 64)
     for _ in range(3):
-        y = be.linear(x, w, GemmPrecision.uniform("fp8"))
+        y = be.linear(x, w, GemmPrecision())
     assert len(fake_te.modules_built) == 1
     assert torch.equal(y, x @ w.t())
     y.sum().backward()
-    assert w.grad is not None and torch.equal(w.grad, torch.ones(4, 8).t() @ x)  # lands on the caller's Parameter
+    assert w.grad is not None and torch.equal(w.grad, torch.ones(32, 32).t() @ x)  # lands on the caller's Parameter
+    assert fake_te.module_kwargs == [{}]  # parallel_mode=None: TE communicates nothing, reduces no amax
     other = _weight()
     be.linear(x, other, GemmPrecision.uniform("fp8"))
     assert len(fake_te.modules_built) == 2
 
 
 def test_recipes_built_and_capability_checked_once(fake_te):
-    be, w, x = TEBackend(), _weight(), torch.randn(4, 16)
+    be, w, x = TEBackend(), _weight(), torch.randn(32, 64)
     for _ in range(3):
         for fmt in ("fp8", "mxfp8", "bf16"):
             be.linear(x, w, GemmPrecision.uniform(fmt))
@@ -123,23 +70,72 @@ def test_recipes_built_and_capability_checked_once(fake_te):
     assert fake_te.forward_recipes[:3] == [fake_te.recipes_built[0], fake_te.recipes_built[1], None]
 
 
-def test_tensor_scaled_formats_refused_on_tp_shards(fake_te):
-    be, w, x = TEBackend(tp_size=2), _weight(), torch.randn(4, 16)
-    reduce = lambda a: a  # noqa: E731 - stands for an all-reduce MAX over the TP group
-    for fmt in ("fp8", "nvfp4"):
-        with pytest.raises(ValueError, match="local amax"):
-            be.linear(x.bfloat16(), w, GemmPrecision.uniform(fmt), amax_reduce=reduce)
+def test_tensor_scaled_formats_under_tp_need_per_shard_amax(fake_te):
+    w, x = _weight(), torch.randn(32, 64)
+    reduce = lambda a: a  # stands for an all-reduce MAX over the TP group
+    be = TEBackend(tp_size=2, tp_amax="shard")
+    for fmt in ("fp8", "nvfp4"):  # a layer asking for a whole-tensor amax of a sharded operand is refused
+        with pytest.raises(ValueError, match='precision.tp_amax="shard"'):
+            be.linear(x.bfloat16(), w, GemmPrecision.uniform(fmt), amax_reduce=AmaxReducers(w=reduce))
+    assert fake_te.forward_recipes == []
     be.linear(x, w, GemmPrecision.uniform("mxfp8"), amax_reduce=reduce)  # block scales: no cross-shard amax
-    assert len(fake_te.forward_recipes) == 1
+    y = be.linear(x, w, GemmPrecision.uniform("fp8"))  # per shard: TE's own (local) amaxes
+    assert torch.equal(y, quant_linear(x, w, GemmPrecision.uniform("fp8")))
+    assert len(fake_te.forward_recipes) == 2
     plan = PrecisionPlan.create({g: "bf16" for g in all_gemm_ids(1)}, step=0, policy="bf16", linear_numel=NUMEL)
-    with pytest.raises(ValueError, match=r"\['fp8', 'nvfp4'\] need a whole-tensor amax across parallel.tp=2"):
-        be.check_run(plan, {"bf16", "fp8", "nvfp4", "mxfp8"}, per_gemm_replans=False, activation_dtype=torch.bfloat16)
-    be.check_run(plan, {"bf16", "fp8_block", "mxfp8"}, per_gemm_replans=False, activation_dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"\['fp8', 'nvfp4'\] have a tensor scale.*parallel.tp=2.*tp_amax=\"shard\""):
+        TEBackend(tp_size=2, tp_amax="tensor").check_run(plan, {"bf16", "fp8", "nvfp4", "mxfp8"},
+                                                         per_gemm_replans=False, activation_dtype=torch.bfloat16)
+    TEBackend(tp_size=2, tp_amax="tensor").check_run(plan, {"bf16", "fp8_block", "mxfp8"}, per_gemm_replans=False,
+                                                     activation_dtype=torch.float32)
+    be.check_run(plan, {"bf16", "fp8", "nvfp4"}, per_gemm_replans=False, activation_dtype=torch.bfloat16)
     TEBackend(tp_size=1).check_run(plan, {"fp8"}, per_gemm_replans=False, activation_dtype=torch.float32)
 
 
+def _train_micro_batches(lin, n, seed):
+    """One step's scope with ``n`` micro-batches through ``lin``, then an in-place "optimizer" update."""
+    g = torch.Generator().manual_seed(seed)
+    lin.weight_copy.open()
+    try:
+        for _ in range(n):
+            lin(torch.randn(32, 64, generator=g)).sum().backward()
+    finally:
+        lin.weight_copy.close()
+    with torch.no_grad():
+        lin.weight.mul_(0.5)  # the weight changes between steps (bumps its version)
+
+
+def test_weight_quantized_once_per_step(fake_te):
+    """is_first_microbatch: True at a step's first micro-batch, False after; None outside a step
+    (no_grad evaluation); a re-plan to another quantized format gets a new module, a BF16 probe
+    in between its own. The stand-in raises if a False would reuse a stale kept weight."""
+    lin = PrecisionLinear(64, 32, layer=0, linear="qkv", init_std=0.02)
+    lin.backend = TEBackend()
+    lin.set_precision(GemmPrecision.uniform("fp8"))
+    _train_micro_batches(lin, 3, seed=1)
+    _train_micro_batches(lin, 2, seed=2)
+    assert fake_te.first_microbatch_flags == [True, False, False, True, False]
+    with torch.no_grad():
+        lin(torch.randn(32, 64))
+    assert fake_te.first_microbatch_flags[-1] is None
+    lin.set_precision(GemmPrecision.uniform("mxfp8"))  # a re-plan
+    lin.weight_copy.open()
+    lin(torch.randn(32, 64)).sum().backward()
+    lin.local_gemm(torch.randn(32, 64), GemmPrecision()).sum().backward()  # a BF16 probe
+    lin(torch.randn(32, 64)).sum().backward()
+    lin.weight_copy.close()
+    assert fake_te.first_microbatch_flags[-3:] == [True, True, False]
+    assert len(fake_te.modules_built) == 3  # fp8, then mxfp8 replacing it; bf16 apart
+    assert len(lin.backend._modules) == 2
+    # Without the scope's flags a stale kept weight would be reused: the stand-in catches it.
+    with torch.no_grad():
+        lin.weight.add_(1.0)
+    with pytest.raises(RuntimeError, match="would reuse a kept weight"):
+        lin.backend.linear(torch.randn(32, 64), lin.weight, lin.precision, is_first_microbatch=False)
+
+
 def test_nvfp4_needs_bf16_inputs(fake_te):
-    be, w, x = TEBackend(), _weight(), torch.randn(4, 16)
+    be, w, x = TEBackend(), _weight(), torch.randn(32, 64)
     with pytest.raises(ValueError, match="bf16 inputs only"):
         be.linear(x, w, GemmPrecision.uniform("nvfp4"))
     assert fake_te.forward_recipes == []  # refused before TE is reached
@@ -171,3 +167,19 @@ def test_per_gemm_plans_refused_at_start_up(fake_te, monkeypatch, small_override
     with pytest.raises(ValueError, match='snip.granularity="gemm"'):
         trainer_mod.Trainer(cfg)
     assert fake_te.modules_built == []  # refused before any step
+
+
+def test_trainer_applies_tp_amax_to_the_model_and_te(fake_te, monkeypatch, small_overrides):
+    from megatron_snip.config import load_config
+    from megatron_snip.model.llama import LlamaModel
+    from megatron_snip.training import trainer as trainer_mod
+
+    modes = []
+    real = LlamaModel.set_tp_amax
+    monkeypatch.setattr(LlamaModel, "set_tp_amax", lambda self, mode: modes.append(mode) or real(self, mode))
+    monkeypatch.setattr(trainer_mod, "require", lambda *a, **k: None)  # TE's capability table: not on CPU
+    cfg = load_config("launch/configs/tiny.toml", small_overrides + ["precision.backend=te", "precision.tp_amax=shard"])
+    t = trainer_mod.Trainer(cfg)
+    assert modes == ["shard"]
+    lin = next(t.model.precision_linears())
+    assert isinstance(lin.backend, TEBackend) and lin.backend.tp_amax == "shard"

@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from megatron_snip.precision.capability import BACKENDS, check
 from megatron_snip.precision.plan import GemmPrecision
+
+if TYPE_CHECKING:
+    from megatron_snip.precision.gemm import AmaxReducers
 
 __all__ = ["BACKENDS", "Backend", "get_backend"]
 
@@ -44,10 +48,16 @@ class Backend(abc.ABC):
         weight: torch.Tensor,
         precision: GemmPrecision,
         *,
-        amax_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        amax_reduce: AmaxReducers | Callable[[torch.Tensor], torch.Tensor] | None = None,
         generator: torch.Generator | None = None,
+        is_first_microbatch: bool | None = None,
     ) -> torch.Tensor:
-        """x (..., K), weight (N, K) -> (..., N) in x's dtype, differentiable w.r.t. both."""
+        """x (..., K), weight (N, K) -> (..., N) in x's dtype, differentiable w.r.t. both.
+
+        ``amax_reduce``: per-operand amax reductions (``gemm.AmaxReducers``; one callable: every
+        operand). ``is_first_microbatch``: TE's weight-cache hint (``WeightCopy.first_microbatch``):
+        None = quantize the weight afresh, True = quantize and keep it, False = reuse the kept one
+        (the weight has not changed since); backends that quantize per call ignore it."""
 
 
 def get_backend(name: str, **options: object) -> Backend:

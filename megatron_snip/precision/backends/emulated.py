@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 
 from megatron_snip.precision.backends import Backend
-from megatron_snip.precision.gemm import quant_linear
+from megatron_snip.precision.gemm import AmaxReducers, quant_linear
 from megatron_snip.precision.plan import GemmPrecision
 
 
@@ -30,7 +30,8 @@ class EmulatedBackend(Backend):
         weight: torch.Tensor,
         precision: GemmPrecision,
         *,
-        amax_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        amax_reduce: AmaxReducers | Callable[[torch.Tensor], torch.Tensor] | None = None,
         generator: torch.Generator | None = None,
+        is_first_microbatch: bool | None = None,
     ) -> torch.Tensor:
         return quant_linear(x, weight, precision, amax_reduce=amax_reduce, generator=generator, compiled=self.compiled)

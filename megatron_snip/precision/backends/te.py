@@ -15,13 +15,39 @@ What it does and does not do:
     2-D weight blocks, SR on gradients, RHT on the wgrad operands); bf16 runs
     the module with quantization disabled; mxfp4 has no TE recipe. Each recipe
     is built once per backend, and each (format, device) capability checked once.
-  * Tensor parallelism: ``amax_reduction_group`` of ``te.autocast`` is read by
-    delayed scaling only; with current scaling (fp8) and NVFP4, TE reduces
-    amaxes over a module's own ``tp_group``, which our private, un-sharded
-    ``te.Linear`` does not have. Each TP shard would scale with its local amax,
-    unlike the emulated reference (one whole-tensor amax), so formats with a
-    tensor scale are refused under TP (``check_run``); block-scaled formats
-    (fp8_block, mxfp8) and bf16 need no cross-shard amax and run under TP.
+  * Tensor parallelism - our comm around a private ``te.Linear`` per shard. Each TP shard runs
+    its own ``te.Linear`` with ``parallel_mode=None`` (TE communicates nothing and reduces no
+    amax), fed by ``ColumnParallelLinear``/``RowParallelLinear`` with parallel/comm.py's
+    collectives around it. Every tensor TE quantizes is then the tensor the emulated reference
+    quantizes with ``precision.tp_amax="shard"``, scaled by its local amax: a column-parallel X
+    and a row-parallel dY are replicated (our SP gathers them in the activation dtype first), so
+    their local amax is the whole tensor's; weight shards, a column-parallel dY and a row-parallel
+    X scale by their own. That is also what TE's own ``parallel_mode``/``tp_group``/
+    ``sequence_parallel`` would compute: it reduces amaxes over ``tp_group`` only for the input
+    of a column-parallel and the output gradient of a row-parallel module under sequence
+    parallelism, which it gathers in FP8 - the gathered tensor's amax, the one ours uses (TE's
+    ``Linear._customize_quantizers_float8_current_scaling`` / ``_nvfp4``); so the tensor scales
+    agree, and only TE's kernels make it differ from the reference. We keep our comm
+    because (1) it is the one place that calls torch.distributed, in the order every rank must
+    follow, with the SP shard saving/prefetch (parallel/sequence_shard.py) and SNIP's probes
+    (which read X and dY at the layer) built on it; (2) TE's parallel modules would replace our
+    layer classes and own the weights (their allocation, init and sharding metadata), whereas a
+    per-shard module only borrows our Parameter and switches recipes when a re-plan changes the
+    linear's format. What it costs: no FP8 all-gather under SP (the gather moves bf16, 2 bytes
+    per element instead of 1), no TE userbuffer comm-GEMM overlap, and TE keeps the gathered
+    column-parallel input for backward (sizing.py counts it). Formats with a tensor scale (fp8,
+    nvfp4) under ``parallel.tp`` > 1 therefore need ``precision.tp_amax="shard"``
+    (``check_run``); block-scaled formats need no cross-shard amax. The amax groups TE's
+    autocast takes (``amax_reduction_group``, formerly ``fp8_group``) reach delayed scaling only,
+    which no recipe here uses.
+  * Weights quantized once per step: ``linear`` passes ``is_first_microbatch``
+    (``WeightCopy.first_microbatch``: True at a step's first forward of a weight, False at the
+    step's later micro-batches, None outside a training step), so TE quantizes the weight at the
+    first micro-batch, keeps it and reuses it for the others. One module per weight and
+    quantized format: TE resets a kept weight when a usage is missing, not when the recipe
+    changes (``get_weight_workspace``), so a re-plan that moves a linear to another quantized
+    format replaces its module (dropping the kept weight); bf16 runs in a module of its own,
+    which keeps none.
   * NVFP4: TE applies its wgrad RHT to bf16 inputs only, so nvfp4 needs bf16
     activations (bf16 autocast, ``training.dtype``); fp32 is refused.
   * The caller's weight Parameter is installed in a private ``te.Linear``
@@ -30,9 +56,10 @@ What it does and does not do:
   * Stochastic rounding uses TE's own CUDA RNG; ``generator`` is not used.
   * TE's numerics follow its kernels (e.g. its NVFP4 scale arithmetic), so they
     match the emulated reference closely but not bit for bit.
-Our wrapper logic is tested on CPU against a stand-in with ``te.Linear``'s
-interface (tests/unit/test_te_backend_wrapper.py); TE itself has not run in this
-repository (tests/gpu/ needs CUDA and transformer_engine).
+Our wrapper logic is tested on CPU against a stand-in with ``te.Linear``'s interface and
+TE's per-shard scaling (tests/te_standin.py; tests/unit/test_te_backend_wrapper.py, and at
+TP=2 tests/distributed/test_tp_scaling.py); TE itself has not run in this repository
+(tests/gpu/ needs CUDA and transformer_engine).
 """
 
 from __future__ import annotations
@@ -45,9 +72,10 @@ import torch
 
 from megatron_snip.precision.backends import Backend
 from megatron_snip.precision.formats import get_format
+from megatron_snip.precision.gemm import AmaxReducers
 from megatron_snip.precision.plan import GemmPrecision, PrecisionPlan
 
-__all__ = ["TEBackend", "make_recipe", "uniform_format"]
+__all__ = ["TEBackend", "make_recipe", "setting_problems", "uniform_format"]
 
 
 def make_recipe(fmt: str) -> Any:
@@ -99,25 +127,58 @@ def _input_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype
 
 
-class TEBackend(Backend):
-    """Runs linears through ``transformer_engine.pytorch.Linear`` (CUDA only).
+def setting_problems(formats: Iterable[str], *, tp_size: int, tp_amax: str, per_gemm_replans: bool,
+                     activation_dtype: torch.dtype) -> list[str]:
+    """What in a run's settings TE cannot do (empty: nothing); shared by ``check_run`` and the dry run.
 
     Args:
-        tp_size: tensor-parallel size of the run; formats with a tensor scale
-            (fp8, nvfp4) are refused when it is > 1 (see the module docstring).
+        formats: every format the run may use (the plan's and SNIP's candidates).
+        tp_size, tp_amax: ``parallel.tp`` and ``precision.tp_amax``.
+        per_gemm_replans: whether re-plans may give the GEMMs of one linear different formats.
+        activation_dtype: the dtype the linears see (the autocast dtype, else fp32).
+    """
+    problems = []
+    if per_gemm_replans:
+        problems.append('snip.granularity="gemm" re-plans each GEMM separately (TE runs one recipe per '
+                        'linear); set snip.granularity="layer"')
+    formats = set(formats)
+    tensor_scaled = sorted(f for f in formats if get_format(f).uses_tensor_amax)
+    if tp_size > 1 and tp_amax != "shard" and tensor_scaled:
+        problems.append(f"format(s) {tensor_scaled} have a tensor scale, which TE computes per parallel.tp="
+                        f"{tp_size} shard from its local amax (module docstring), while precision.tp_amax="
+                        f"{tp_amax!r} asks for the whole tensor's; set precision.tp_amax=\"shard\"")
+    if "nvfp4" in formats and activation_dtype != torch.bfloat16:
+        problems.append(f"nvfp4 in TE applies its Hadamard transform to bf16 inputs only, but the linears "
+                        f"run in {activation_dtype}; set training.dtype=\"bfloat16\"")
+    return problems
+
+
+def refusal(problems: list[str]) -> ValueError:
+    """The start-up error for ``problems`` (as ``check_run`` and the dry run raise it)."""
+    return ValueError("precision.backend=\"te\" cannot run this configuration: " + "; ".join(problems)
+                      + '. Fix as said, or set precision.backend="torch" (per-GEMM FP8 through PyTorch) or "emulated".')
+
+
+class TEBackend(Backend):
+    """Runs linears through ``transformer_engine.pytorch.Linear`` (CUDA only), one per TP shard.
+
+    Args:
+        tp_size: tensor-parallel size of the run.
+        tp_amax: ``precision.tp_amax``; formats with a tensor scale (fp8, nvfp4) need "shard"
+            when ``tp_size`` > 1 (see the module docstring).
     """
 
     name = "te"
     # te.Linear frees its saved tensors in backward (NVIDIA/TransformerEngine#990): one backward per graph.
     repeatable_backward = False
 
-    def __init__(self, tp_size: int = 1) -> None:
-        self.tp_size = tp_size
-        # id(weight Parameter) -> (that Parameter, the te.Linear running it). Keyed by id, with
-        # the identity checked on lookup: a WeakKeyDictionary compares tensor keys with ``==``
-        # (elementwise) on the second lookup and raises. The te.Linear holds the Parameter
-        # anyway, so a strong reference costs nothing the backend did not already keep alive.
-        self._modules: dict[int, tuple[torch.nn.Parameter, Any]] = {}
+    def __init__(self, tp_size: int = 1, tp_amax: str = "tensor") -> None:
+        self.tp_size, self.tp_amax = tp_size, tp_amax
+        # (id(weight Parameter), quantized?) -> (that Parameter, its format, the te.Linear running
+        # it). Keyed by id, with the identity checked on lookup: a WeakKeyDictionary compares tensor
+        # keys with ``==`` (elementwise) on the second lookup and raises. The te.Linear holds the
+        # Parameter anyway, so a strong reference costs nothing the backend did not already keep alive.
+        self._modules: dict[tuple[int, bool], tuple[torch.nn.Parameter, str, Any]] = {}
         self._recipes: dict[str, Any] = {}
         self._capable: dict[tuple[str, str], tuple[bool, str]] = {}
 
@@ -127,9 +188,7 @@ class TEBackend(Backend):
 
         Args:
             plan: the initial plan (every linear must use one format for its three GEMMs).
-            formats: every format the run may use (the plan's and SNIP's candidates).
-            per_gemm_replans: whether re-plans may assign GEMMs of one linear different formats.
-            activation_dtype: the dtype the linears see (the autocast dtype, else fp32).
+            formats, per_gemm_replans, activation_dtype: as in ``setting_problems``.
         """
         problems = []
         fmts_by_linear: dict[tuple[int, str], set[str]] = {}
@@ -139,24 +198,10 @@ class TEBackend(Backend):
         if mixed:
             problems.append(f"precision.initial_plan mixes formats within linear(s) {mixed[:4]}"
                             f"{' ...' if len(mixed) > 4 else ''} (TE runs one recipe per linear)")
-        if per_gemm_replans:
-            problems.append('snip.granularity="gemm" re-plans each GEMM separately (TE runs one recipe per '
-                            'linear); set snip.granularity="layer"')
-        formats = set(formats)
-        if self.tp_size > 1:
-            tensor_scaled = sorted(f for f in formats if get_format(f).uses_tensor_amax)
-            if tensor_scaled:
-                problems.append(f"format(s) {tensor_scaled} need a whole-tensor amax across parallel.tp="
-                                f"{self.tp_size} shards, which TE's current-scaling/NVFP4 recipes do not reduce for "
-                                "our linears (each shard would scale with its local amax); drop them from the plan and "
-                                "snip.formats (fp8_block, mxfp8 are block-scaled) or set parallel.tp=1")
-        if "nvfp4" in formats and activation_dtype != torch.bfloat16:
-            problems.append(f"nvfp4 in TE applies its Hadamard transform to bf16 inputs only, but the linears "
-                            f"run in {activation_dtype}; set training.dtype=\"bfloat16\"")
+        problems += setting_problems(formats, tp_size=self.tp_size, tp_amax=self.tp_amax,
+                                     per_gemm_replans=per_gemm_replans, activation_dtype=activation_dtype)
         if problems:
-            raise ValueError("precision.backend=\"te\" cannot run this configuration: " + "; ".join(problems)
-                             + '. Fix as said, or set precision.backend="torch" (per-GEMM FP8 through PyTorch) '
-                             'or "emulated".')
+            raise refusal(problems)
 
     def _recipe(self, fmt: str) -> Any:
         if fmt not in self._recipes:
@@ -169,16 +214,19 @@ class TEBackend(Backend):
             self._capable[key] = self.supports(fmt, device)
         return self._capable[key]
 
-    def _module_for(self, weight: torch.nn.Parameter) -> Any:
-        entry = self._modules.get(id(weight))
-        if entry is not None and entry[0] is weight:
-            return entry[1]
+    def _module_for(self, weight: torch.nn.Parameter, fmt: str) -> Any:
+        """The te.Linear running ``weight`` in ``fmt``: one for bf16, one for the current quantized format."""
+        key = (id(weight), fmt != "bf16")
+        entry = self._modules.get(key)
+        if entry is not None and entry[0] is weight and entry[1] == fmt:
+            return entry[2]
         import transformer_engine.pytorch as te
 
         out_features, in_features = weight.shape
+        # parallel_mode=None (the default): no TE communication, no amax reduction (module docstring).
         module = te.Linear(in_features, out_features, bias=False, params_dtype=weight.dtype, device=weight.device)
         module.weight = weight  # TE fetches getattr(self, "weight") each forward
-        self._modules[id(weight)] = (weight, module)
+        self._modules[key] = (weight, fmt, module)
         return module
 
     def linear(
@@ -187,22 +235,23 @@ class TEBackend(Backend):
         weight: torch.Tensor,
         precision: GemmPrecision,
         *,
-        amax_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        amax_reduce: AmaxReducers | Callable[[torch.Tensor], torch.Tensor] | None = None,
         generator: torch.Generator | None = None,
+        is_first_microbatch: bool | None = None,
     ) -> torch.Tensor:
         fmt = uniform_format(precision)
         ok, reason = self._supports_once(fmt, x.device)
         if not ok:
             raise ValueError(f"te backend cannot run {fmt}: {reason}. Fix: set precision.backend=\"emulated\"")
-        if amax_reduce is not None and get_format(fmt).uses_tensor_amax:
-            raise ValueError(f"te backend cannot run {fmt} on a tensor-parallel shard: TE would scale it with the "
-                             "local amax, not the whole tensor's. Fix: parallel.tp=1, a block-scaled format "
-                             '(fp8_block, mxfp8), or precision.backend="torch"/"emulated"')
+        if AmaxReducers.of(amax_reduce).reduces and get_format(fmt).uses_tensor_amax:
+            raise ValueError(f"te backend cannot run {fmt} with a whole-tensor amax across tensor-parallel shards: TE "
+                             'scales each shard by its local amax. Fix: precision.tp_amax="shard", a block-scaled '
+                             'format (fp8_block, mxfp8), or precision.backend="torch"/"emulated"')
         if fmt == "nvfp4" and _input_dtype(x) != torch.bfloat16:
             raise ValueError(f"te backend runs nvfp4 on bf16 inputs only (TE's RHT), got {_input_dtype(x)}. "
                              'Fix: bf16 autocast (training.dtype="bfloat16") or precision.backend="emulated"')
         if not isinstance(weight, torch.nn.Parameter):
             raise TypeError("te backend needs the weight as an nn.Parameter (it is installed in a te.Linear)")
-        module = self._module_for(weight)
+        module = self._module_for(weight, fmt)
         with _autocast(self._recipe(fmt)):
-            return module(x)
+            return module(x, is_first_microbatch=is_first_microbatch)

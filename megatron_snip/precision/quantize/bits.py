@@ -37,6 +37,16 @@ def _rdiv(c: float, t: torch.Tensor) -> torch.Tensor:
     return torch.div(torch.full_like(t, c), t)
 
 
+def _div_rn(t: torch.Tensor, c: float) -> torch.Tensor:
+    """t / c as one correctly rounded fp32 division, on every device.
+
+    On CUDA, ``t / c`` with a Python (or CPU 0-d) scalar ``c`` is computed as
+    ``t * fl32(1 / c)`` (PyTorch's div_true kernel), which is one ulp off for e.g. c = 6;
+    dividing by a tensor on t's device is IEEE division everywhere.
+    """
+    return torch.div(t, torch.full_like(t, c))
+
+
 def _floor_log2(a: torch.Tensor) -> torch.Tensor:
     """floor(log2(a)) (int32) of a non-negative fp32 tensor, from its exponent bits.
 

@@ -14,7 +14,15 @@ import struct
 import torch
 
 from megatron_snip.precision.formats import E2M1, E4M3, E5M2, Element, Format, Operand, Scaling
-from megatron_snip.precision.quantize.bits import _F32_MAX, _exp2i, _f32_bits, _floor_log2, _mantissa_bits, _rdiv
+from megatron_snip.precision.quantize.bits import (
+    _F32_MAX,
+    _div_rn,
+    _exp2i,
+    _f32_bits,
+    _floor_log2,
+    _mantissa_bits,
+    _rdiv,
+)
 from megatron_snip.precision.quantize.hadamard import _rht_physical
 from megatron_snip.precision.quantize.noise import _noise_physical
 from megatron_snip.precision.quantize.rounding import round_e4m3, round_to_element
@@ -169,8 +177,9 @@ def _qdq(
 
     elif spec.scaling is Scaling.BLOCK_FP32:
         # fp4_block (the SNIP paper's FP4): the stored FP32 scale s = amax / max (correctly
-        # rounded); elements are x / s rounded, dequantized as q * s. A zero block keeps s = 1.
-        s = block_amax / elem.max
+        # rounded on every device: _div_rn, not ``/ elem.max``); elements are x / s rounded,
+        # dequantized as q * s. A zero block keeps s = 1.
+        s = _div_rn(block_amax, elem.max)
         s = torch.where(block_amax == 0, torch.ones_like(s), s)
         s = torch.where(finite, s, torch.full_like(s, nan))  # NaN/Inf in a block poisons the block
         y = round_to_element(pb / s, elem, nb).mul_(s)
