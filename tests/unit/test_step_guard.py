@@ -150,3 +150,23 @@ def test_host_skip_path_zeroes_grads_and_does_not_step():
     p.grad = torch.ones(3)
     optimizer_step(opt, torch.tensor(0.0))
     assert not torch.equal(p.detach(), torch.ones(3))
+
+
+def test_zero1_on_the_fused_kernel_skips_on_the_device(small_overrides):
+    """The distributed optimizer on torch's fused kernel (its CUDA path; the kernel runs on CPU too)
+    takes the skip flag as found_inf: no host read, shards, moments and step counts untouched."""
+    tr = Trainer(load_config(TINY, small_overrides + ["training.distributed_optimizer=true", "training.max_steps=4"]))
+    tr.optimizer.fused = True  # before its first step: the state is created for the fused kernel
+    assert takes_found_inf(tr.optimizer)
+    assert not tr.train_step(0).skipped
+    params = [p.detach().clone() for p in tr.model.parameters()]
+    state = [{k: v.clone() for k, v in st.items()} for st in tr.optimizer.shard_state]
+    real_loss = tr.model.loss
+    tr.model.loss = lambda logits, targets: real_loss(logits, targets) * float("nan")
+    with count_host_syncs() as syncs:
+        res = tr.train_step(1)
+    assert syncs.count == 0, syncs.where
+    assert res.skipped
+    assert all(torch.equal(a, b) for a, b in zip(params, tr.model.parameters()))
+    assert all(torch.equal(st[k], now[k]) for st, now in zip(state, tr.optimizer.shard_state) for k in st)
+    tr.logger.close()
