@@ -29,6 +29,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from megatron_snip.config import RECOMPUTE_MODES, ModelConfig
+from megatron_snip.model import compiled_regions
 from megatron_snip.model.layers import (
     UNSHARDED,
     ColumnParallelLinear,
@@ -44,7 +45,7 @@ from megatron_snip.model.layers import (
 )
 from megatron_snip.model.norm import RMSNorm
 from megatron_snip.model.recompute import recompute_cheap
-from megatron_snip.model.rope import Llama3RopeScaling, apply_rope, rope_tables
+from megatron_snip.model.rope import Llama3RopeScaling, rope_tables
 from megatron_snip.model.shapes import model_linear_shapes
 from megatron_snip.parallel.sequence_shard import prefetch_chain
 from megatron_snip.parallel.topology import TensorParallel
@@ -80,6 +81,7 @@ class Attention(nn.Module):
                                       init_std=scaled_init_std(cfg.init_std, cfg.num_layers), tp=tp,
                                       init_generator=_gen(seed, f"layers.{layer}.attn.proj.weight"))
         self.recompute_core = False  # set by LlamaModel.set_recompute
+        self.compiled = False  # set by LlamaModel.set_compile
 
     def forward(self, x_bsd: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x (B, S, D) [(B, S/tp, D) with sequence parallelism] -> same shape."""
@@ -93,17 +95,10 @@ class Attention(nn.Module):
 
     def _core(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Core attention (no weights): qkv (B, S, G·(H/G+2)·Hd) -> (B, S, H·Hd), causal, RoPE on q and k."""
-        q_per_group = self.num_heads // self.num_groups
-        b, s, _ = qkv.shape
-        qkv = qkv.view(b, s, self.num_groups, q_per_group + 2, self.head_dim)
-        q = qkv[:, :, :, :q_per_group].reshape(b, s, self.num_heads, self.head_dim).transpose(1, 2)  # B H S Hd
-        k = qkv[:, :, :, q_per_group].transpose(1, 2)  # B G S Hd
-        # A compact copy: attention saves v for backward, and a view would keep the whole qkv
-        # output alive (q and k are saved as RoPE's fresh outputs). Same values, same bits.
-        v = qkv[:, :, :, q_per_group + 1].transpose(1, 2).contiguous()  # B G S Hd
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.num_groups != self.num_heads)
-        return out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim)
+        args = (qkv, cos, sin, self.num_heads, self.num_groups, self.head_dim)
+        if self.compiled:  # training.compile (model/compiled_regions.py)
+            return compiled_regions.run(compiled_regions.attention_core, *args)
+        return compiled_regions.attention_core(*args)
 
 
 class SwiGLU(nn.Module):
@@ -125,15 +120,13 @@ class SwiGLU(nn.Module):
         self.fc2 = RowParallelLinear(fc2_in, fc2_out, layer=layer, linear="fc2",
                                      init_std=scaled_init_std(cfg.init_std, cfg.num_layers), tp=tp,
                                      init_generator=_gen(seed, f"layers.{layer}.mlp.fc2.weight"))
+        self.compiled = False  # set by LlamaModel.set_compile
 
     def forward(self, x_bsd: torch.Tensor) -> torch.Tensor:
-        return self.fc2(recompute_cheap(_swiglu, self.fc1(x_bsd)))
-
-
-def _swiglu(gate_up: torch.Tensor) -> torch.Tensor:
-    """(..., 2F) [gate; up] -> silu(gate) * up (..., F)."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
+        gate_up = self.fc1(x_bsd)
+        if self.compiled:  # training.compile (model/compiled_regions.py)
+            return self.fc2(compiled_regions.run(compiled_regions.swiglu, gate_up))
+        return self.fc2(recompute_cheap(compiled_regions.swiglu, gate_up))
 
 
 class TransformerBlock(nn.Module):
@@ -246,6 +239,15 @@ class LlamaModel(nn.Module):
             # A recomputed block keeps no weight copy between its passes; a step-long cache would.
             for lin in (block.attn.qkv, block.attn.proj, block.mlp.fc1, block.mlp.fc2):
                 lin.weight_copy.enabled = not block.recompute
+
+    def set_compile(self, enabled: bool) -> None:
+        """``training.compile``: run every norm, core attention and SwiGLU of this stage through
+        their compiled graphs (``model/compiled_regions.py``; the linears stay eager)."""
+        for block in self.layers.values():
+            block.attn_norm.compiled = block.mlp_norm.compiled = enabled
+            block.attn.compiled = block.mlp.compiled = enabled
+        if self.post_process:
+            self.final_norm.compiled = enabled
 
     @contextmanager
     def weight_copies_for_step(self) -> Iterator[None]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from megatron_snip.model import compiled_regions
 from megatron_snip.model.recompute import recompute_cheap
 
 
@@ -27,12 +28,13 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.weight.tensor_parallel = False  # type: ignore[attr-defined]
         self.weight.sequence_parallel = sequence_parallel  # type: ignore[attr-defined]
+        self.compiled = False  # set by LlamaModel.set_compile
 
     def forward(self, x_bsd: torch.Tensor) -> torch.Tensor:
         """x (..., D) any float dtype -> (..., D) in x's dtype, normalized in fp32."""
+        if self.compiled:  # training.compile: one graph for every norm (model/compiled_regions.py)
+            return compiled_regions.run(compiled_regions.rms_norm, x_bsd, self.weight, self.eps)
         return recompute_cheap(self._normalize, x_bsd)
 
     def _normalize(self, x_bsd: torch.Tensor) -> torch.Tensor:
-        x32 = x_bsd.float()
-        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight).to(x_bsd.dtype)
+        return compiled_regions.rms_norm(x_bsd, self.weight, self.eps)

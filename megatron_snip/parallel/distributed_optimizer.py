@@ -87,7 +87,12 @@ class DistributedOptimizer:
 
     @torch.no_grad()
     def step(self) -> None:
-        """AdamW on this rank's shards (after ``reducer.reduce`` and ``clip_``), then all-gather."""
+        """AdamW on this rank's shards (after ``reducer.reduce`` and ``clip_``), then all-gather.
+
+        With ``fused``, a 0-d fp32 ``self.found_inf`` on the device (1 = skip; set by
+        ``training/step_guard.optimizer_step``, as torch's AdamW takes it) makes the kernel leave
+        the shards, moments and step counts untouched."""
+        found_inf = getattr(self, "found_inf", None) if self.fused else None
         for i, (b, grad) in enumerate(zip(self.reducer.buckets, self.reducer.grad_shards)):
             assert grad is not None, "DistributedOptimizer.step before reducer.reduce()"
             group = self.param_groups[b.group]
@@ -97,7 +102,7 @@ class DistributedOptimizer:
             adam([param], [grad], [st["exp_avg"]], [st["exp_avg_sq"]], [], [st["step"]],
                  foreach=not self.fused, fused=self.fused or None, decoupled_weight_decay=True, amsgrad=False,
                  beta1=group["betas"][0], beta2=group["betas"][1], lr=group["lr"],
-                 weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)
+                 weight_decay=group["weight_decay"], eps=group["eps"], maximize=False, found_inf=found_inf)
             self.reducer.all_gather_params(i, param)
 
     def state_bytes(self) -> int:

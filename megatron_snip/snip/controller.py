@@ -106,8 +106,10 @@ class SnipController:
         costs = None  # the costs stay on global rank 0 (the writer); only the decision is broadcast
         if topo.rank == 0:
             decision, costs = self._decide(snapshot, step, previous)
+        t1 = time.perf_counter()
         decision = comm.broadcast_object(decision, 0, topo.world_group)
         timings.update(decision.get("timings", {}))
+        timings["broadcast_s"] = time.perf_counter() - t1
         if "error" in decision:
             return Replan(step, previous, kept=f"{decision['error']}; keeping the previous plan {previous.hash}",
                           snapshot=snapshot, timings=timings)

@@ -118,7 +118,8 @@ class Replan:
             (e.g. "solve failed (...); keeping the previous plan <hash>").
         snapshot: the whole-model statistics snapshot (``snip/stats.py``); None for policies
             that need none.
-        timings: seconds per phase (stats_*, metrics_s, solve_s, apply_s, replan_total_s).
+        timings: seconds per phase (stats_*, metrics_s, solve_s, broadcast_s - on ranks other than 0
+            it includes waiting for rank 0's metrics and solve -, apply_s, replan_total_s).
         predicted_divergence: the costs' total for ``plan`` (ILP policies), else None.
         gemms_changed: GEMMs whose format differs from the previous plan.
         count: plans applied by this controller so far, this one included.

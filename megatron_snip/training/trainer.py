@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -61,19 +60,18 @@ from megatron_snip.training.plan_recorder import PlanRecorder
 from megatron_snip.training.preemption import StopSignal, TrainingPreempted, describe_last_checkpoint
 from megatron_snip.training.resolve import resolve_autocast_dtype, resolve_device, resolve_initial_plan
 from megatron_snip.training.run_dir import RunDirectory
+from megatron_snip.training.step_guard import (
+    StepLedger,
+    StepRecord,
+    StepResult,
+    TrainingStopped,  # noqa: F401 (train.py and tests import it from here)
+    non_finite_stop,
+    optimizer_step,
+    ruinous_update_stop,
+    update_refused,
+)
 from megatron_snip.training.throughput import Throughput, peak_memory_text
 from megatron_snip.training.vocab_check import model_vocab_size
-
-
-class TrainingStopped(RuntimeError):
-    """Raised when the run cannot continue (e.g. too many consecutive non-finite steps)."""
-
-
-@dataclass
-class StepResult:
-    loss: float
-    grad_norm: float
-    skipped: bool
 
 
 class _LogWindow:
@@ -82,11 +80,11 @@ class _LogWindow:
     def __init__(self) -> None:
         self.steps, self.seconds, self.loss_sum, self.loss_count = 0, 0.0, 0.0, 0
 
-    def add(self, res: StepResult, dt: float) -> None:
+    def add(self, rec: StepRecord) -> None:
         self.steps += 1
-        self.seconds += dt
-        if not res.skipped:
-            self.loss_sum += res.loss
+        self.seconds += rec.dt
+        if not rec.skipped:
+            self.loss_sum += rec.loss
             self.loss_count += 1
 
     def mean_loss(self) -> float:
@@ -121,6 +119,7 @@ class Trainer:
                                 pre_process=self.topo.is_first_stage, post_process=self.topo.is_last_stage,
                                 tp=self.tp).to(self.device)
         self.model.set_recompute(t.recompute, t.recompute_every)
+        self.model.set_compile(t.compile)
         self.schedule = schedule_for(self.topo, cfg.parallel.pp_schedule)
         self.optimizer = build_optimizer(self.model, t, self.device, self.topo)
         # The distributed optimizer reduces into its own DP shards (parallel/distributed_optimizer.py).
@@ -136,7 +135,8 @@ class Trainer:
         self.throughput = Throughput(cfg, self.vocab_size, self.topo.world_size, self.device)
 
         self.step = 0  # optimizer steps completed
-        self._param_norm = self.param_norm()  # for the post-step guard (_check_update)
+        self._param_norm = self.param_norm()  # for the post-step guard (step_guard.update_refused)
+        self._stop: StopSignal | None = None  # fit's signal handler, read into each step's flags
         self.skipped_steps = 0
         self.consecutive_skips = 0
         # Plans name every GEMM of the model; each pipeline stage applies the entries of its own layers.
@@ -319,7 +319,9 @@ class Trainer:
 
     # --- one step ---------------------------------------------------------------------
     def train_step(self, step: int) -> StepResult:
-        """Forward/backward over all micro-batches, then a guarded optimizer step."""
+        """Forward/backward over all micro-batches, then a guarded optimizer step. The outcome stays
+        on the device (``training/step_guard.py``): the skip is decided there when the optimizer
+        can (a fused AdamW's ``found_inf``); else its flag is the one value a step reads."""
         lr = lr_at(step, self.cfg.training)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -330,40 +332,24 @@ class Trainer:
         self.grads.reduce()
         loss = comm.all_reduce_mean(total.detach().clone().float(), self.topo.dp_group)
         clip = self.cfg.training.grad_clip or math.inf
-        grad_norm = self.grads.clip_(clip)
-        # One decision for all ranks: any rank seeing a non-finite loss or norm skips everywhere.
+        grad_norm = self.grads.clip_(clip).float()
+        # One decision for all ranks: any rank seeing a non-finite loss or norm skips everywhere. The
+        # preemption flag rides in the same all-reduce (filled on the device: no host copy).
         bad = (~torch.isfinite(loss) | ~torch.isfinite(grad_norm)).float().reshape(())
-        comm.all_reduce_max(bad, self.topo.world_group)
-        loss_value, norm_value = float(loss), float(grad_norm)
-        if bad.item() > 0:
-            # NaN/Inf guard: leave weights and optimizer state untouched.
-            self.optimizer.zero_grad(set_to_none=True)
-            return StepResult(loss_value, norm_value, skipped=True)
-        self.optimizer.step()
-        self._check_update(step)
-        return StepResult(loss_value, norm_value, skipped=False)
-
-    def param_norm(self) -> float:
-        """L2 norm of the whole model's parameters (replicated tensors counted once; the same on every rank)."""
-        params = [p.detach() for p in self.model.parameters() if counted_once(getattr(p, "tensor_parallel", False), self.topo)]
-        return float(global_norm(params, self.device, self.topo.mp_group))
-
-    def _check_update(self, step: int) -> None:
-        """Post-step guard: a finite loss and grad norm can still give a ruinous update (a huge LR,
-        an FP4 outlier through Adam's 1/sqrt(v)). Stop before such weights reach a checkpoint."""
-        growth = self.cfg.training.max_param_norm_growth
+        stop = torch.full((), 1.0 if self._stop is not None and self._stop.received else 0.0, device=bad.device)
+        flags = comm.all_reduce_max(torch.stack([bad, stop]), self.topo.world_group)
+        skipped = flags[0]
+        optimizer_step(self.optimizer, skipped)  # NaN/Inf guard: a skip leaves weights and optimizer state untouched
         before, after = self._param_norm, self.param_norm()
         self._param_norm = after
-        if math.isfinite(after) and (not growth or after <= growth * before):
-            return
-        last = ckpt.latest_checkpoint(self.ckpt_root)
-        where = f"the last checkpoint (step {last}, {ckpt.step_dir(self.ckpt_root, last)})" if last is not None \
-            else "no checkpoint (none was saved yet)"
-        raise TrainingStopped(
-            f"step {step}: the optimizer update took the parameter norm from {before:.4g} to {after:.4g} "
-            f"(more than training.max_param_norm_growth={growth} times, or non-finite); stopped before these "
-            f"weights were saved - {where} holds good weights. Lower training.lr (now {self.cfg.training.lr}) "
-            f"or raise precision, then resume with training.resume=auto")
+        refused = update_refused(before, after, skipped, self.cfg.training.max_param_norm_growth)
+        return StepResult(step, loss, grad_norm, skipped, flags[1], before, after, refused)
+
+    def param_norm(self) -> torch.Tensor:
+        """L2 norm of the whole model's parameters (0-d fp32 on the device; replicated tensors
+        counted once; the same on every rank)."""
+        params = [p.detach() for p in self.model.parameters() if counted_once(getattr(p, "tensor_parallel", False), self.topo)]
+        return global_norm(params, self.device, self.topo.mp_group)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -388,8 +374,12 @@ class Trainer:
         """Train from ``self.step`` to ``max_steps``; returns the last evaluation.
 
         Every ``log_interval`` steps rank 0 prints one line (``telemetry.logger.step_line``),
-        whatever the progress bar does. SIGTERM/SIGUSR1 (``training.preemption``) make every
-        rank stop at the next step boundary, save a checkpoint and raise ``TrainingPreempted``."""
+        whatever the progress bar does. Step outcomes are read on the host only at log, eval and
+        save steps and the last step (``step_guard.StepLedger``); skipped steps are logged and the
+        guards' stops raised there, before any checkpoint. SIGTERM/SIGUSR1 (``training.preemption``)
+        make every rank stop at a step boundary (the next one in a single process; in a distributed
+        run the next read step, the flag travelling in each step's all-reduce), save a checkpoint
+        and raise ``TrainingPreempted``."""
         t = self.cfg.training
         callbacks = callbacks or []
         tokens_per_step = t.global_batch_size * t.seq_len
@@ -397,76 +387,109 @@ class Trainer:
             self.logger.info(f"model: {self.grads.global_numel() / 1e6:.2f}M parameters, vocab {self.vocab_size}, "
                              f"{self.topo.describe()}, device {self.device}, autocast {self.autocast_dtype}, "
                              f"plan {self.plan.policy} (FP4 share {self.plan.fp4_flops_share:.2f})")
-        window = _LogWindow()
+        window, ledger = _LogWindow(), StepLedger()
         fit_start, first_step = time.perf_counter(), self.step
         last_eval: dict[str, float] = {}
+        last_loss = math.nan
         with StopSignal(t.preempt_grace_s, lambda: describe_last_checkpoint(self.ckpt_root)) as stop:
+            self._stop = stop
             while self.step < t.max_steps:
                 step = self.step
                 for cb in callbacks:
                     cb.before_step(self, step)
                 t0 = time.perf_counter()
                 res = self.train_step(step)
-                dt = time.perf_counter() - t0
                 for line in fallbacks.drain():  # a faster quantizer/GEMM path fell back: say so once
                     self.logger.info(line)
                 self.step = step + 1
-                window.add(res, dt)
-                if res.skipped:
-                    self.skipped_steps += 1
-                    self.consecutive_skips += 1
-                    self.logger.info(f"step {step}: non-finite loss={res.loss} grad_norm={res.grad_norm}; step skipped "
-                                     f"({self.consecutive_skips} in a row, {self.skipped_steps} total)")
-                    if self.consecutive_skips >= t.max_consecutive_skips:
-                        raise TrainingStopped(
-                            f"{self.consecutive_skips} consecutive non-finite steps (training.max_consecutive_skips="
-                            f"{t.max_consecutive_skips}) at step {step}; weights are those of the last good step. "
-                            f"Lower training.lr, raise precision (e.g. precision.initial_plan=bf16) or check the data")
-                else:
-                    self.consecutive_skips = 0
+                ledger.add(res, time.perf_counter() - t0, fp4_share=self.plan.fp4_flops_share)
+                logged = self.step % t.log_interval == 0 or self.step == t.max_steps
+                evaluated = self.step % t.eval_interval == 0 or self.step == t.max_steps
+                saved = bool(t.save_interval and self.step % t.save_interval == 0) or self.step == t.max_steps
+                records = self._settle(ledger, window, t0) if logged or evaluated or saved else []
                 metrics: dict[str, Any] = {}
-                if self.step % t.log_interval == 0 or res.skipped or self.step == t.max_steps:
-                    metrics.update(loss=res.loss, lr=lr_at(step, t), grad_norm=res.grad_norm, step_time_s=dt,
-                                   tokens_per_s=tokens_per_step / dt, skipped_steps=self.skipped_steps,
-                                   fp4_share=self.plan.fp4_flops_share, **self.throughput.metrics(dt))
-                if self.step % t.log_interval == 0 or self.step == t.max_steps:
+                if records and (logged or records[-1].skipped):
+                    metrics.update(self._step_metrics(records[-1]))
+                if logged:
+                    rec = records[-1]
+                    last_loss = rec.loss
                     elapsed = time.perf_counter() - fit_start
                     per_step = elapsed / (self.step - first_step)
                     self.logger.info(step_line(
-                        self.step, t.max_steps, loss=window.mean_loss(), lr=lr_at(step, t), grad_norm=res.grad_norm,
+                        self.step, t.max_steps, loss=window.mean_loss(), lr=lr_at(step, t), grad_norm=rec.grad_norm,
                         tokens_per_s=tokens_per_step * window.steps / window.seconds,
                         tflops_per_rank=self.throughput.flops_per_device * window.steps / window.seconds / 1e12,
                         peak_memory=peak_memory_text(self.device), skipped=self.skipped_steps,
                         fp4_share=self.plan.fp4_flops_share, elapsed_s=elapsed,
                         eta_s=per_step * (t.max_steps - self.step)))
                     window = _LogWindow()
-                if self.step % t.eval_interval == 0 or self.step == t.max_steps:
+                if evaluated:
                     last_eval = self.evaluate()
                     metrics.update(last_eval)
                     self.logger.info(f"step {self.step}: " + " ".join(f"{k}={v:.4f}" for k, v in last_eval.items()))
                 if metrics:
                     self.logger.log_metrics(self.step, metrics)
-                self.logger.progress(self.step, loss=res.loss, tok_s=int(tokens_per_step / dt))
-                saved = (t.save_interval and self.step % t.save_interval == 0) or self.step == t.max_steps
+                self.logger.progress(self.step, loss=last_loss, tok_s=int(tokens_per_step / (time.perf_counter() - t0)))
                 if saved:
                     self.save()
                 for cb in callbacks:
                     cb.after_step(self, step)
-                if self._stop_requested(stop):
+                if self._stop_requested(stop, records):
                     if not saved:
+                        late = self._settle(ledger, window, t0)  # the guards speak before the checkpoint
+                        if late and late[-1].skipped:
+                            self.logger.log_metrics(self.step, self._step_metrics(late[-1]))
                         self.save()
                     raise TrainingPreempted(
                         f"received {stop.received.name if stop.received else 'a stop signal (on another rank)'} "
                         f"during step {step}: checkpoint {ckpt.step_dir(self.ckpt_root, self.step)} written; "
                         f"resume with training.resume=auto (the launchers' default)")
+            self._stop = None
         return last_eval
 
-    def _stop_requested(self, stop: StopSignal) -> bool:
-        """Whether any rank received a preemption signal (one decision for all ranks)."""
-        flag = torch.tensor(1.0 if stop.received is not None else 0.0, device=self.device)
-        if self.topo.is_distributed:
-            comm.all_reduce_max(flag, self.topo.world_group)
-        return bool(flag.item() > 0)
+    def _settle(self, ledger: StepLedger, window: _LogWindow, t0: float) -> list[StepRecord]:
+        """Read the steps since the last read (one host sync) and account for them in order: count
+        skips, log each skipped step (text and metrics line, as its own step), and raise
+        ``TrainingStopped`` at a run of ``max_consecutive_skips`` non-finite steps or a ruinous
+        update. The last step's wall time runs to after the read (``t0``: its start)."""
+        t = self.cfg.training
+        records = ledger.read()
+        if records:
+            records[-1].dt = time.perf_counter() - t0
+        for rec in records:
+            window.add(rec)
+            if rec.skipped:
+                self.skipped_steps += 1
+                self.consecutive_skips += 1
+                self.logger.info(f"step {rec.step}: non-finite loss={rec.loss} grad_norm={rec.grad_norm}; step "
+                                 f"skipped ({self.consecutive_skips} in a row, {self.skipped_steps} total)")
+                if self.consecutive_skips >= t.max_consecutive_skips:
+                    raise non_finite_stop(self.consecutive_skips, t.max_consecutive_skips, rec.step)
+                if rec.step + 1 != self.step:  # the current step's line is the caller's (with its evaluation)
+                    self.logger.log_metrics(rec.step + 1, self._step_metrics(rec))
+            else:
+                self.consecutive_skips = 0
+            if rec.bad_update:
+                last = ckpt.latest_checkpoint(self.ckpt_root)
+                where = f"the last checkpoint (step {last}, {ckpt.step_dir(self.ckpt_root, last)})" \
+                    if last is not None else "no checkpoint (none was saved yet)"
+                raise ruinous_update_stop(rec, t.max_param_norm_growth, t.lr, where)
+        return records
+
+    def _step_metrics(self, rec: StepRecord) -> dict[str, Any]:
+        """The metrics.jsonl fields of one step (logged at log steps and for every skipped step)."""
+        t = self.cfg.training
+        return {"loss": rec.loss, "lr": lr_at(rec.step, t), "grad_norm": rec.grad_norm, "step_time_s": rec.dt,
+                "tokens_per_s": t.global_batch_size * t.seq_len / rec.dt, "skipped_steps": self.skipped_steps,
+                "fp4_share": rec.host["fp4_share"], **self.throughput.metrics(rec.dt)}
+
+    def _stop_requested(self, stop: StopSignal, records: list[StepRecord]) -> bool:
+        """Whether any rank received a preemption signal (one decision for all ranks): in a single
+        process the handler's own flag, at once; in a distributed run the flag each step reduced
+        with its skip flag, as read at the last read step (``records``)."""
+        if not self.topo.is_distributed:
+            return stop.received is not None
+        return any(rec.stop for rec in records)
 
     # --- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -81,6 +81,12 @@ def _exact_options() -> dict[str, bool] | None:
     return None
 
 
+def eager_numerics_options() -> dict[str, bool] | None:
+    """Inductor's eager-numerics options for CUDA graphs (``_exact_options``), or None if this torch
+    has none; ``model/compiled_regions.py`` compiles the block regions with the same ones."""
+    return _exact_options()
+
+
 def _compile_key(spec: Format, operand: Operand, hadamard: bool, colwise: bool, p: torch.Tensor, amax: object,
                  seeds: object) -> _CompileKey:
     return (spec, operand, hadamard, colwise, tuple(p.shape), p.device.type, amax is None, seeds is None)
