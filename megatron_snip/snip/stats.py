@@ -8,9 +8,10 @@ BF16 (the reference trajectory). Three passes (docs/snip.md derives what each fe
    errors of all three GEMMs in every candidate format are *measured* by running
    the quantized GEMM (``quant_linear``, the emulated formats) on the stored tensors:
    e_Y = Q(X)Q(W)ᵀ - XWᵀ, e_dX = Q(G)Q(W) - GW, e_dW = Q(G)ᵀQ(X) - GᵀX.
-2. **Forward-noise pass** - Gaussian noise ε added to every linear's Y at once; the
-   change of G against the reference pass gives the curvature κ ≈ <ε, G(ε) - G(0)> / ‖ε‖²
-   (Hutchinson; the cross-terms between layers and the third-order term have zero mean).
+2. **Forward-noise pass** - Gaussian noise ε (fp32) added to every linear's Y at once, in Y's
+   dtype; with δ the perturbation that made (ε rounded with Y: bf16 under autocast), the change of
+   G against the reference pass gives the curvature κ ≈ <δ, G(ε) - G(0)> / ‖δ‖² (Hutchinson; the
+   cross-terms between layers and the third-order term have zero mean).
 3. **Backward-noise pass** - for each linear, Gaussian noise ε as the upstream
    gradient of its input X, back-propagated to every earlier parameter (exact:
    backprop is linear in the upstream gradient, so the change is the
@@ -65,7 +66,8 @@ class _Record:
     g: torch.Tensor | None = None  # (T, N) dL/dY
     y: torch.Tensor | None = None  # (T, N) reference output, kept when fp32 (pass 1 reuses it)
     dx: torch.Tensor | None = None  # (T, K) this GEMM's own dgrad G·W, kept when fp32 (pass 1 reuses it)
-    noise: torch.Tensor | None = None  # (T, N) forward noise of the current draw (pass 2)
+    noise: torch.Tensor | None = None  # (T, N) forward noise of the current draw (pass 2), fp32
+    noise_realized: torch.Tensor | None = None  # (T, N) fp32: what the noise actually changed Y by (pass 2)
     grad_noise_sigma: float = 0.0  # > 0: add N(0, σ²) to the gradient of X (pass 3)
     grad_noise_sq: float = 0.0  # ‖ε‖² of the injected gradient noise
 
@@ -141,7 +143,7 @@ class StatsCollector:
                 elif mode == "inputs":
                     rec.x = x  # with its graph: the propagation pass differentiates it
                 if rec.noise is not None:
-                    y = y + rec.noise.view_as(y).to(y.dtype)
+                    y = _add_noise(y, rec)
                 if y.requires_grad and mode in ("record", "noise"):
                     y.register_hook(lambda g: setattr(rec, "g", g.detach()))
                 return y
@@ -244,9 +246,9 @@ class StatsCollector:
             for _ in range(self.cfg.noise_draws):
                 noise = {k: torch.randn(g_ref[k].shape, generator=gen, device=host.device) * sums[k]["noise_sigma"]
                          for k in keys}
-                g_noisy = self.noisy_output_grads(host, tokens, noise)
+                g_noisy, realized = self.noisy_output_grads(host, tokens, noise)
                 for k in keys:
-                    eps = _flat(noise[k])
+                    eps = realized[k]
                     sums[k]["curv_num"] += float((eps * (g_noisy[k] - _flat(g_ref[k]))).sum())
                     sums[k]["curv_den"] += float(eps.pow(2).sum())
         timings["forward_noise_pass_s"] = time.perf_counter() - t0
@@ -291,20 +293,25 @@ class StatsCollector:
             if first_batch:  # W is the same for every probe batch
                 pf["sq_qerr_w"] = operand_error(lin, x, w, f, "w", **q)
 
-    def noisy_output_grads(self, host: ProbeHost, tokens: torch.Tensor,
-                           noise: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
-        """One forward-noise pass (pass 2) on a (B, S+1) micro-batch: ``noise[k]`` (shaped like
-        linear ``k``'s output Y, B x S x N on this TP rank) is added to every linear's Y at once;
-        returns each linear's G = dL/dY as (T, N) fp32 (``noise=None``: the noise-free pass).
-        Only G is needed: linear weights are frozen (their wgrad GEMMs skipped) and the
-        gradients are discarded."""
+    def noisy_output_grads(self, host: ProbeHost, tokens: torch.Tensor, noise: Mapping[str, torch.Tensor] | None
+                           ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """One forward-noise pass (pass 2) on a (B, S+1) micro-batch: ``noise[k]`` (fp32, shaped like
+        linear ``k``'s output Y, B x S x N on this TP rank) is added to every linear's Y at once.
+
+        Returns (G, δ), each {key: (T, N) fp32}: every linear's G = dL/dY, and the perturbation δ
+        the noise actually made to its Y (``_add_noise``: ε rounded with Y into the pass's
+        activation dtype, bf16 under autocast; ≈ ε in fp32). The curvature sums must use δ, not
+        ε: that is the direction whose gradient change G measures, on every device and dtype.
+        ``noise=None``: the noise-free pass (δ empty). Only G is needed: linear weights are frozen
+        (their wgrad GEMMs skipped) and the gradients are discarded."""
         linears = list(host.model.precision_linears())
         keys = [key_of(lin) for lin in linears]
         records = {k: _Record(noise=None if noise is None else noise[k]) for k in keys}
         with self._probes(linears, "noise", records), _frozen_weights(linears):
             host.forward_backward([tokens])
         host.optimizer.zero_grad(set_to_none=True)
-        return {k: _flat(records[k].g) for k in keys}
+        realized = {k: _flat(records[k].noise_realized) for k in keys if records[k].noise_realized is not None}
+        return {k: _flat(records[k].g) for k in keys}, realized
 
     def _propagation_pass(self, host: ProbeHost, linears: list[PrecisionLinear], keys: list[str], tokens: torch.Tensor,
                           denominators: dict[int, torch.Tensor], sums: dict[str, dict[str, Any]],
@@ -395,6 +402,18 @@ class StatsCollector:
                       for p, g, g0 in zip(params, grads, reference) if g is not None and g0 is not None)
             out[key] = {"num": num, "den": den}
         return out
+
+
+def _add_noise(y: torch.Tensor, rec: _Record) -> torch.Tensor:
+    """Y + ε in Y's dtype (the pass's activation dtype: the graph after Y runs as in training), and
+    in ``rec.noise_realized`` the perturbation that made, δ = (Y + ε) - Y in fp32. Under bf16 the sum
+    rounds: δ differs from ε by up to half an ulp of Y per element (all of ε where |ε| is below it),
+    so summing ⟨ε, ΔG⟩/‖ε‖² would price a perturbation that never happened. The difference is
+    taken in fp64, where it is exact for bf16 and fp32 operands, then stored in fp32."""
+    assert rec.noise is not None
+    y_noisy = y + rec.noise.view_as(y).to(y.dtype)
+    rec.noise_realized = (y_noisy.detach().double() - y.detach().double()).float()
+    return y_noisy
 
 
 def forward_noise_sigma(s: dict[str, Any], harshest: str) -> float:

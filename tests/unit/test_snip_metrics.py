@@ -101,6 +101,49 @@ def test_curvature_is_exact_for_quadratic_loss():
     assert curvature(snap["linears"]["0.fc2"]) == pytest.approx(C, rel=1e-4)
 
 
+class Bf16QuadraticTrainer(QuadraticTrainer):
+    """The stand-in under bf16 autocast, as training runs on a GPU: Y comes out in bf16 and the
+    loss L = c/2·‖Y‖² is taken in fp32. With c a power of two, G = c·Y is exact in bf16, so a
+    perturbation δ of Y changes G by exactly c·δ: the curvature along the perturbation made is c."""
+
+    C_POW2 = 4.0
+
+    def forward_loss(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = self.model(x)
+        return 0.5 * self.C_POW2 * y.float().pow(2).sum()
+
+
+def test_curvature_under_bf16_prices_the_perturbation_it_made():
+    """#22 item 8: under autocast the forward noise ε (fp32) is rounded with Y into bf16, so Y moves by
+    δ ≠ ε. The Hutchinson sums must pair the gradient change c·δ with δ itself; summing ⟨ε, c·δ⟩/‖ε‖²
+    (what the pass did before) misses c by the rounding's share. With c a power of two every product
+    and partial sum of the numerator is exactly c times the denominator's (fp32 and fp64 rounding
+    commute with scaling by 2^k), so κ = c up to fp64 rounding of the final division."""
+    tr = Bf16QuadraticTrainer()
+    snap = collect(tr, ("fp8",), [torch.randn(T, K), torch.randn(T, K)])
+    assert snap["linears"]["0.fc2"]["curv_den"] > 0
+    assert curvature(snap["linears"]["0.fc2"]) == pytest.approx(tr.C_POW2, rel=1e-12)
+
+
+def test_forward_noise_pass_reports_the_perturbation_bf16_made():
+    """Noise below half a bf16 ulp of Y vanishes in the sum: the pass reports δ = 0 there, and
+    elsewhere δ is ε rounded with Y, bit-exactly what Y moved by."""
+    tr = Bf16QuadraticTrainer()
+    x = torch.randn(T, K)
+    collector = StatsCollector(ProbeConfig(formats=("fp8",)))
+    g0, none = collector.noisy_output_grads(tr, x, None)
+    assert none == {}
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        y = tr.model(x)
+    eps = torch.randn(T, N) * float(y.float().abs().mean()) * 2.0**-8  # about a bf16 ulp of Y
+    g, delta = collector.noisy_output_grads(tr, x, {"0.fc2": eps})
+    expected = (y + eps.to(torch.bfloat16)).double() - y.double()
+    assert torch.equal(delta["0.fc2"], expected.float())
+    assert (delta["0.fc2"] == 0).any() and not torch.equal(delta["0.fc2"], eps)
+    assert torch.equal(g["0.fc2"] - g0["0.fc2"], tr.C_POW2 * delta["0.fc2"])
+
+
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp4", "nvfp4"])
 def test_taylor_terms_reproduce_true_loss_change(fmt):
     tr = QuadraticTrainer()
