@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from megatron_snip.config import CURVATURE_NOISE
 from megatron_snip.model.layers import ColumnParallelLinear, PrecisionLinear
 from megatron_snip.precision.formats import Operand
 from megatron_snip.precision.gemm import quant_linear
@@ -96,6 +97,14 @@ class ProbeConfig:
     propagation_sequences: int = 1  # sequences of the first probe micro-batch used by pass 3
     seed: int = 0
     compiled_quantizers: bool = False  # precision.compile_quantizers: the mode of the error measurements' quantizers
+    # Direction of pass 2's noise: "gaussian" (isotropic, σ of the harshest format's error: the mean
+    # curvature along Y) or "error" (±e_Y(harshest) of the same batch, a random sign per linear and
+    # draw: the curvature along the error being priced). See forward_noise.
+    curvature_noise: str = "gaussian"
+
+    def __post_init__(self) -> None:
+        if self.curvature_noise not in CURVATURE_NOISE:
+            raise ValueError(f"snip.curvature_noise={self.curvature_noise!r}: choose one of {list(CURVATURE_NOISE)}")
 
 
 class StatsCollector:
@@ -181,13 +190,19 @@ class StatsCollector:
         t0 = time.perf_counter()
         losses = []
         reference_g: list[dict[str, torch.Tensor]] = []  # per probe batch: each linear's G(0), for pass 2
+        # per probe batch: each linear's e_Y per format, kept for error-direction noise (pass 2)
+        errors_y: list[dict[str, dict[str, torch.Tensor]]] = []
+        keep_ey = noise_passes and self.cfg.curvature_noise == "error"
         for b, tokens in enumerate(probe_batches):
             records = {k: _Record() for k in keys}
             with self._probes(linears, "record", records, gen):
                 losses.append(float(host.forward_backward([tokens])))
             reference_g.append({k: records[k].g for k in keys})
+            errors_y.append({})
             for k, lin in zip(keys, linears):
-                self._measure_errors(lin, records[k], sums[k], edw_acc[k], gen, first_batch=b == 0)
+                e_y = self._measure_errors(lin, records[k], sums[k], edw_acc[k], gen, first_batch=b == 0)
+                if keep_ey:
+                    errors_y[b][k] = e_y
         grads = {id(p): p.grad.detach() / n for p in model.parameters() if p.grad is not None}
         timings["reference_pass_s"] = time.perf_counter() - t0
 
@@ -213,7 +228,7 @@ class StatsCollector:
 
         propagation: dict[str, dict[str, float]] = {}
         if noise_passes:
-            propagation = self._noise_passes(host, linears, keys, probe_batches, reference_g, denominators,
+            propagation = self._noise_passes(host, linears, keys, probe_batches, reference_g, errors_y, denominators,
                                              sums, gen, timings)
         return {
             "step": step,
@@ -230,6 +245,7 @@ class StatsCollector:
 
     def _noise_passes(self, host: ProbeHost, linears: list[PrecisionLinear], keys: list[str],
                       probe_batches: list[torch.Tensor], reference_g: list[dict[str, torch.Tensor]],
+                      errors_y: list[dict[str, dict[str, torch.Tensor]]],
                       denominators: dict[int, torch.Tensor], sums: dict[str, dict[str, Any]],
                       gen: torch.Generator, timings: dict[str, float]) -> dict[str, dict[str, float]]:
         """Passes 2 and 3: curvature sums into ``sums``; returns the propagation gains."""
@@ -242,10 +258,9 @@ class StatsCollector:
         harshest = harshest_format(self.cfg.formats, sums)
         for k in keys:
             sums[k]["noise_sigma"] = forward_noise_sigma(sums[k], harshest)
-        for tokens, g_ref in zip(probe_batches, reference_g):
+        for tokens, g_ref, e_y in zip(probe_batches, reference_g, errors_y):
             for _ in range(self.cfg.noise_draws):
-                noise = {k: torch.randn(g_ref[k].shape, generator=gen, device=host.device) * sums[k]["noise_sigma"]
-                         for k in keys}
+                noise = forward_noise(self.cfg.curvature_noise, keys, g_ref, e_y, harshest, sums, gen)
                 g_noisy, realized = self.noisy_output_grads(host, tokens, noise)
                 for k in keys:
                     eps = realized[k]
@@ -260,8 +275,9 @@ class StatsCollector:
         timings["backward_noise_pass_s"] = time.perf_counter() - t0
         return propagation
 
-    def _measure_errors(self, lin: PrecisionLinear, rec: _Record, s: dict[str, Any],
-                        edw_acc: dict[str, torch.Tensor], gen: torch.Generator, *, first_batch: bool) -> None:
+    def _measure_errors(self, lin: PrecisionLinear, rec: _Record, s: dict[str, Any], edw_acc: dict[str, torch.Tensor],
+                        gen: torch.Generator, *, first_batch: bool) -> dict[str, torch.Tensor]:
+        """Adds one probe batch's norms and measured errors to ``s``; returns e_Y per format, (T, N) fp32."""
         assert rec.x is not None and rec.g is not None, f"linear {key_of(lin)} saw no forward/backward"
         x, g, w = _flat(rec.x), _flat(rec.g), lin.weight.detach().float()
         # Y and dX from the pass itself when it ran in fp32 (under bf16 autocast they carry bf16
@@ -278,6 +294,7 @@ class StatsCollector:
         s["numel_y"] += y_ref.numel()
         # Stochastic rounding here draws from ``gen``: it must not consume the training stream.
         q = {"generator": gen, "compiled": self.cfg.compiled_quantizers}
+        errors_y = {}
         for f in self.cfg.formats:
             y_q, dx_q, dw_q = quantized_gemms(lin, x, g, GemmPrecision.uniform(f), **q)
             e_y, e_dx, e_dw = y_q - y_ref, dx_q - dx_ref, dw_q - dw_ref
@@ -292,6 +309,8 @@ class StatsCollector:
             pf["sq_qerr_g"] += operand_error(lin, g, w, f, "g", **q)
             if first_batch:  # W is the same for every probe batch
                 pf["sq_qerr_w"] = operand_error(lin, x, w, f, "w", **q)
+            errors_y[f] = e_y
+        return errors_y
 
     def noisy_output_grads(self, host: ProbeHost, tokens: torch.Tensor, noise: Mapping[str, torch.Tensor] | None
                            ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -402,6 +421,24 @@ class StatsCollector:
                       for p, g, g0 in zip(params, grads, reference) if g is not None and g0 is not None)
             out[key] = {"num": num, "den": den}
         return out
+
+
+def forward_noise(kind: str, keys: list[str], g_ref: Mapping[str, torch.Tensor],
+                  e_y: Mapping[str, Mapping[str, torch.Tensor]], harshest: str, sums: Mapping[str, Mapping[str, Any]],
+                  gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """One draw of pass 2's noise, {key: (T, N) fp32} in every linear's Y at once.
+
+    "gaussian": ε ~ N(0, σ²I), σ = ``forward_noise_sigma``; κ is then the mean curvature of the
+    loss along Y (a trace). "error": ε = s·e_Y(harshest) of this probe batch, with a random sign
+    s = ±1 per linear: κ = e_Yᵀ H e_Y / ‖e_Y‖², the curvature along the error the metric prices
+    (quantization errors are not isotropic: they follow the blocks' large elements), and the
+    cross-layer terms s_ℓ·s_m·e_ℓᵀ H e_m still have zero mean. Either way the draws come from
+    ``gen`` in key order, the same on every TP rank of a linear."""
+    if kind == "gaussian":
+        return {k: torch.randn(g_ref[k].shape, generator=gen, device=g_ref[k].device) * sums[k]["noise_sigma"]
+                for k in keys}
+    signs = torch.randint(0, 2, (len(keys),), generator=gen, device=gen.device) * 2.0 - 1.0
+    return {k: float(s) * e_y[k][harshest] for k, s in zip(keys, signs)}
 
 
 def _add_noise(y: torch.Tensor, rec: _Record) -> torch.Tensor:

@@ -144,6 +144,51 @@ def test_forward_noise_pass_reports_the_perturbation_bf16_made():
     assert torch.equal(g["0.fc2"] - g0["0.fc2"], tr.C_POW2 * delta["0.fc2"])
 
 
+class AnisotropicTrainer(QuadraticTrainer):
+    """L = ½ Σ_t Σ_j c_j (Y_tj − (X·Aᵀ)_tj)²: the Hessian in Y is diag(c) per token, with c spread
+    over two decades and growing with the row norm of W, so the quantization error (larger in the
+    columns of larger W rows) lies along the high-curvature columns, not isotropically."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        scale = torch.logspace(-1, 1, N)  # row j of W and c_j grow together
+        with torch.no_grad():
+            self.model.lins[0].weight.mul_(scale.sqrt()[:, None])
+        self.c = scale
+
+    def forward_loss(self, x):
+        y = self.model(x)
+        return 0.5 * ((y - x @ self.target_map.t()).pow(2) * self.c).sum()
+
+
+@pytest.mark.parametrize("noise", ["gaussian", "error"])
+def test_error_direction_curvature_prices_the_error_exactly(noise):
+    """With the noise along the harshest format's own error (curvature_noise="error"), κ·‖e‖² is
+    eᵀHe, so first- plus second-order terms reproduce that format's true loss change of a quadratic
+    loss exactly (up to fp32 rounding of the sums, ~1e-6 relative); isotropic noise measures the mean
+    of c instead, which misprices an error concentrated in the high-curvature columns."""
+    tr = AnisotropicTrainer()
+    x = torch.randn(T, K)
+    snap = StatsCollector(ProbeConfig(formats=("fp8", "nvfp4"), noise_draws=2, curvature_noise=noise)).collect(
+        tr, [x], step=1)
+    s, pf = snap["linears"]["0.fc2"], snap["linears"]["0.fc2"]["per_format"]["nvfp4"]
+    predicted = pf["grad_dot_ey"] + 0.5 * curvature(s) * pf["sq_ey"]
+    lin = tr.model.lins[0]
+    with torch.no_grad():
+        base = float(tr.forward_loss(x))
+        lin.set_precision(GemmPrecision(fprop="nvfp4"))
+        true = float(tr.forward_loss(x)) - base
+    if noise == "error":
+        assert predicted == pytest.approx(true, rel=1e-4)
+    else:  # the isotropic estimate is off by far more than its sampling noise here
+        assert abs(predicted - true) > 0.1 * abs(true - pf["grad_dot_ey"])
+
+
+def test_probe_config_rejects_an_unknown_curvature_noise():
+    with pytest.raises(ValueError, match="curvature_noise"):
+        ProbeConfig(formats=("fp8",), curvature_noise="uniform")
+
+
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp4", "nvfp4"])
 def test_taylor_terms_reproduce_true_loss_change(fmt):
     tr = QuadraticTrainer()
