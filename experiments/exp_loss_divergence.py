@@ -40,8 +40,16 @@ from megatron_snip.snip.stats import ProbeConfig, StatsCollector
 
 # Loss-divergence formulas from one linear's sums in one format (n probe micro-batches). "abs": the
 # mean per-batch |<G_b, e_b>| (today's first-order term); "mean": |mean_b <G_b, e_b>| (the systematic
-# part, what a mean over many batches keeps); "k": ½·max(κ, 0)·mean_b ‖e_b‖².
+# part, what a mean over many batches keeps); "signed": mean_b <G_b, e_b> with its sign (a systematic
+# first-order gain, which the truth of a checkpoint off a stationary point contains, ranks low);
+# "k": ½·max(κ, 0)·mean_b ‖e_b‖².
 FORMULAS = {
+    "signed+k": lambda pf, k, n: pf["grad_dot_ey"] / n + 0.5 * k * pf["sq_ey"] / n,
+    # the weight error's share of the signed first-order term from AdamW's momentum, not the probe batches
+    "msigned+k": lambda pf, k, n: (pf["m_dot_ew"] + (pf["grad_dot_ey"] - pf["grad_dot_ew"]) / n
+                                   + 0.5 * k * pf["sq_ey"] / n),
+    "msigned": lambda pf, k, n: pf["m_dot_ew"] + (pf["grad_dot_ey"] - pf["grad_dot_ew"]) / n,
+    "signed": lambda pf, k, n: pf["grad_dot_ey"] / n,
     "abs+k": lambda pf, k, n: pf["abs_grad_dot_ey"] / n + 0.5 * k * pf["sq_ey"] / n,
     "abs": lambda pf, k, n: pf["abs_grad_dot_ey"] / n,
     "mean+k": lambda pf, k, n: abs(pf["grad_dot_ey"]) / n + 0.5 * k * pf["sq_ey"] / n,
@@ -103,9 +111,22 @@ def main(argv: list[str] | None = None) -> int:
     t = trainer.cfg.training
 
     t0 = time.perf_counter()
-    held = vm.held_out_batches(trainer, args.truth_batches)
-    per_batch = vm.loss_truth(trainer, scored, held)
+    out = Path(args.out)
+    cached = json.loads(out.read_text()) if out.exists() else {}
+    same = {k: cached.get(k) for k in ("seed", "steps", "truth_batches", "truth_formats")} == {
+        "seed": args.seed, "steps": args.steps, "truth_batches": args.truth_batches, "truth_formats": list(scored)}
+    if same and "truth_per_batch" in cached:  # the truth of this checkpoint was measured already: reuse it
+        per_batch = {tuple(k.split(":")): v for k, v in cached["truth_per_batch"].items()}
+    else:
+        per_batch = vm.loss_truth(trainer, scored, vm.held_out_batches(trainer, args.truth_batches))
+    if same and "truth_mirrored_per_batch" in cached:
+        mirrored = {tuple(k.split(":")): v for k, v in cached["truth_mirrored_per_batch"].items()}
+    else:
+        mirrored = vm.loss_truth(trainer, scored, vm.held_out_batches(trainer, args.truth_batches), mirrored=True)
     truth = {k: float(np.mean(v)) for k, v in per_batch.items()}
+    # The truth's even (second-order) and odd (first-order) parts, from the loss changes at +e and -e.
+    truth_even = {k: 0.5 * (truth[k] + float(np.mean(mirrored[k]))) for k in truth}
+    truth_odd = {k: 0.5 * (truth[k] - float(np.mean(mirrored[k]))) for k in truth}
     halves = [{k: float(np.mean(v[h::2])) for k, v in per_batch.items()} for h in (0, 1)]
     reliability = {f: vm.spearman([halves[0][k] for k in truth if f in ("all", k[1])],
                                   [halves[1][k] for k in truth if f in ("all", k[1])]) for f in (*scored, "all")}
@@ -119,8 +140,11 @@ def main(argv: list[str] | None = None) -> int:
         return draw_micro_batches(trainer.data.train, first + window * stride, count, t.micro_batch_size,
                                   trainer.device)
 
-    # The probe truth: measured on window 0's largest probe.
-    probe_per_batch = vm.loss_truth(trainer, scored, probe(0, max(p for p, _, _ in settings)))
+    # The probe truth: measured on window 0's first probe batches (2, today's default probe).
+    if same and "probe_truth_per_batch" in cached:
+        probe_per_batch = {tuple(k.split(":")): v for k, v in cached["probe_truth_per_batch"].items()}
+    else:
+        probe_per_batch = vm.loss_truth(trainer, scored, probe(0, 2))
     probe_truth = {k: float(np.mean(v)) for k, v in probe_per_batch.items()}
     results = [{"setting": "probe truth (measured on the probe batches)",
                 "spearman": scores(probe_truth, truth, scored)}]
@@ -135,18 +159,25 @@ def main(argv: list[str] | None = None) -> int:
             preds = predictions(snap, scored)
             per_window.append({"stats_s": time.perf_counter() - tw,
                                "spearman": {name: scores(pred, truth, scored) for name, pred in preds.items()},
+                               "spearman_vs_even": {name: scores(pred, truth_even, scored)["all"]
+                                                    for name, pred in preds.items()},
+                               "spearman_vs_odd": {name: scores(pred, truth_odd, scored)["all"]
+                                                   for name, pred in preds.items()},
                                "curvature": {key: curvature(s) for key, s in snap["linears"].items()}})
         row = {"setting": f"{p}x{d}x{kind}", "probe_batches": p, "noise_draws": d, "curvature_noise": kind,
                "stats_s": statistics.median(r["stats_s"] for r in per_window),
                "spearman": {name: {f: statistics.fmean(r["spearman"][name][f] for r in per_window)
                                    for f in (*scored, "all")} for name in FORMULAS},
+               "spearman_vs_even": {name: statistics.fmean(r["spearman_vs_even"][name] for r in per_window)
+                                    for name in FORMULAS},
+               "spearman_vs_odd": {name: statistics.fmean(r["spearman_vs_odd"][name] for r in per_window)
+                                   for name in FORMULAS},
                "windows": per_window}
         results.append(row)
         print(f"{row['setting']:>14} ({row['stats_s']:.1f}s): " + "  ".join(
-            f"{name} " + "/".join(f"{row['spearman'][name][f]:.2f}" for f in (*scored, "all")) for name in FORMULAS),
-            flush=True)
+            f"{name} {row['spearman'][name]['all']:.2f} (even {row['spearman_vs_even'][name]:.2f}, "
+            f"odd {row['spearman_vs_odd'][name]:.2f})" for name in FORMULAS), flush=True)
 
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "command": shlex.join(["python", "-m", "experiments.exp_loss_divergence", *(sys.argv[1:] if argv is None else argv)]),
@@ -154,6 +185,11 @@ def main(argv: list[str] | None = None) -> int:
         "truth_batches": args.truth_batches,
         "windows": args.windows, "train_s": train_s, "truth_s": truth_s, "truth_reliability_split_half": reliability,
         "truth": {f"{k[0]}:{k[1]}": v for k, v in truth.items()},
+        "truth_per_batch": {f"{k[0]}:{k[1]}": v for k, v in per_batch.items()},
+        "truth_mirrored_per_batch": {f"{k[0]}:{k[1]}": v for k, v in mirrored.items()},
+        "truth_even": {f"{k[0]}:{k[1]}": v for k, v in truth_even.items()},
+        "truth_odd": {f"{k[0]}:{k[1]}": v for k, v in truth_odd.items()},
+        "probe_truth_per_batch": {f"{k[0]}:{k[1]}": v for k, v in probe_per_batch.items()},
         "probe_truth": {f"{k[0]}:{k[1]}": v for k, v in probe_truth.items()}, "results": results}, indent=1))
     print(f"wrote {out}")
     trainer.logger.close()

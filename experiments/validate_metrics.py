@@ -192,18 +192,31 @@ def held_out_batches(trainer: Trainer, count: int) -> list[torch.Tensor]:
                               trainer.device)
 
 
-def loss_truth(trainer: Trainer, formats: tuple[str, ...], batches: list[torch.Tensor]) -> dict[tuple[str, str], list[float]]:
+def loss_truth(trainer: Trainer, formats: tuple[str, ...], batches: list[torch.Tensor], *,
+               mirrored: bool = False) -> dict[tuple[str, str], list[float]]:
     """{(linear key, format): [loss with only that linear's fprop in the format − the reference loss,
-    per batch]}: the measured loss divergence, one forward per linear, format and batch."""
+    per batch]}: the measured loss divergence, one forward per linear, format and batch.
+
+    ``mirrored``: the linear's output moved by −e_Y instead (Y − (Y_f − Y)). Half the sum of the
+    two is the even part of the loss change, ½·e_Yᵀ·H·e_Y + O(e⁴); half the difference the odd
+    part, <G, e_Y> + O(e³): the truth of each Taylor term on its own."""
+    def mirror(module, x):
+        y = module.local_gemm(x, GemmPrecision())
+        return 2 * y - module.local_gemm(x, module.precision)
+
     with torch.no_grad():
         base_loss = [float(trainer.forward_loss(x)) for x in batches]
     out = {}
     for lin in trainer.model.precision_linears():
         for f in formats:
             lin.set_precision(GemmPrecision(fprop=f))
-            with torch.no_grad():
-                out[key_of(lin), f] = [float(trainer.forward_loss(x)) - b for x, b in zip(batches, base_loss)]
-            lin.set_precision(GemmPrecision())
+            lin.probe = mirror if mirrored else None
+            try:
+                with torch.no_grad():
+                    out[key_of(lin), f] = [float(trainer.forward_loss(x)) - b for x, b in zip(batches, base_loss)]
+            finally:
+                lin.probe = None
+                lin.set_precision(GemmPrecision())
     return out
 
 
@@ -282,7 +295,7 @@ def plot(rows: list[dict], formats: tuple[str, ...], path: Path) -> None:
 
 def _sparse_log_ticks(axis) -> None:
     """Labels at 1, 2, 5 x 10^k only, so a log axis spanning less than a decade still has some."""
-    import matplotlib.ticker as ticker
+    from matplotlib import ticker
 
     axis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     axis.set_major_formatter(ticker.FormatStrFormatter("%.1g"))

@@ -48,6 +48,8 @@ BF16 = GemmPrecision()
 # Keys of the per-format additive sums (see metrics.py for how each is used).
 PER_FORMAT_KEYS = (
     "grad_dot_ey",  # sum_b <G_b, e_Y,b>            (signed first-order loss change, per batch)
+    "grad_dot_ew",  # sum_b <dW_b, Q(W)-W>           (its weight-error part: <G_b, X_b (Q(W)-W)ᵀ>)
+    "m_dot_ew",  # <m̂, Q(W)-W>, m̂ = AdamW's bias-corrected first moment (the same part, from ~1/(1-β1) steps' gradients)
     "abs_grad_dot_ey",  # sum_b |<G_b, e_Y,b>|
     "sq_ey",  # sum_b ‖e_Y,b‖²
     "sq_edx",  # sum_b ‖e_dX,b‖²
@@ -193,6 +195,8 @@ class StatsCollector:
         # per probe batch: each linear's e_Y per format, kept for error-direction noise (pass 2)
         errors_y: list[dict[str, dict[str, torch.Tensor]]] = []
         keep_ey = noise_passes and self.cfg.curvature_noise == "error"
+        q = {"generator": gen, "compiled": self.cfg.compiled_quantizers}
+        errors_w = {k: {f: weight_error(lin, f, **q) for f in self.cfg.formats} for k, lin in zip(keys, linears)}
         for b, tokens in enumerate(probe_batches):
             records = {k: _Record() for k in keys}
             with self._probes(linears, "record", records, gen):
@@ -200,7 +204,7 @@ class StatsCollector:
             reference_g.append({k: records[k].g for k in keys})
             errors_y.append({})
             for k, lin in zip(keys, linears):
-                e_y = self._measure_errors(lin, records[k], sums[k], edw_acc[k], gen, first_batch=b == 0)
+                e_y = self._measure_errors(lin, records[k], sums[k], edw_acc[k], errors_w[k], gen, first_batch=b == 0)
                 if keep_ey:
                     errors_y[b][k] = e_y
         grads = {id(p): p.grad.detach() / n for p in model.parameters() if p.grad is not None}
@@ -224,6 +228,7 @@ class StatsCollector:
                 s["per_format"][f]["sq_edw"] = float(e.pow(2).sum())
                 s["per_format"][f]["sq_edw_precond"] = float((e / n / denom).pow(2).sum())
             _add_adam_norms(optimizer, lin.weight, s)
+            _add_momentum_first_order(optimizer, lin.weight, errors_w[k], s)
         optimizer.zero_grad(set_to_none=True)
 
         propagation: dict[str, dict[str, float]] = {}
@@ -276,7 +281,8 @@ class StatsCollector:
         return propagation
 
     def _measure_errors(self, lin: PrecisionLinear, rec: _Record, s: dict[str, Any], edw_acc: dict[str, torch.Tensor],
-                        gen: torch.Generator, *, first_batch: bool) -> dict[str, torch.Tensor]:
+                        errors_w: dict[str, torch.Tensor], gen: torch.Generator, *,
+                        first_batch: bool) -> dict[str, torch.Tensor]:
         """Adds one probe batch's norms and measured errors to ``s``; returns e_Y per format, (T, N) fp32."""
         assert rec.x is not None and rec.g is not None, f"linear {key_of(lin)} saw no forward/backward"
         x, g, w = _flat(rec.x), _flat(rec.g), lin.weight.detach().float()
@@ -301,6 +307,7 @@ class StatsCollector:
             pf = s["per_format"][f]
             dot = float((g * e_y).sum())
             pf["grad_dot_ey"] += dot
+            pf["grad_dot_ew"] += float((dw_ref * errors_w[f]).sum())
             pf["abs_grad_dot_ey"] += abs(dot)
             pf["sq_ey"] += float(e_y.pow(2).sum())
             pf["sq_edx"] += float(e_dx.pow(2).sum())
@@ -477,6 +484,15 @@ def quantized_gemms(lin: PrecisionLinear, x_tk: torch.Tensor, g_tn: torch.Tensor
     return y.detach().float(), dx.float(), dw.float()
 
 
+def weight_error(lin: PrecisionLinear, fmt: str, *, generator: torch.Generator | None = None,
+                 compiled: bool = False) -> torch.Tensor:
+    """Q(W) - W of the linear's weight (N, K) fp32 as its fprop quantizes it (blocked along K)."""
+    w = lin.weight.detach().float()
+    if fmt == "bf16":
+        return torch.zeros_like(w)
+    return quantize(w, fmt, Operand.WEIGHT, generator=generator, amax_reduce=lin.amax_reduce, compiled=compiled) - w
+
+
 def operand_error(lin: PrecisionLinear, x_tk: torch.Tensor, w_nk: torch.Tensor, fmt: str, which: str, *,
                   generator: torch.Generator | None = None, compiled: bool = False) -> float:
     """‖Q(a) - a‖² of one operand as its GEMM quantizes it (x, w: fprop blocking along K; g: dgrad along N)."""
@@ -509,6 +525,19 @@ def _add_adam_norms(optimizer: torch.optim.Optimizer, param: torch.Tensor, s: di
     if "exp_avg" in state:
         s["sq_m"] = float(state["exp_avg"].pow(2).sum())
         s["sq_v"] = float(state["exp_avg_sq"].pow(2).sum())
+
+
+def _add_momentum_first_order(optimizer: torch.optim.Optimizer, param: torch.Tensor,
+                              errors_w: Mapping[str, torch.Tensor], s: dict[str, Any]) -> None:
+    """pf["m_dot_ew"] = <m̂, Q(W)-W> per format: the weight error's first-order loss change with the
+    expected gradient estimated by AdamW's bias-corrected first moment (0 before the first step)."""
+    state = _adam_state(optimizer, param)
+    if "exp_avg" not in state:
+        return
+    group = next(g for g in optimizer.param_groups if any(p is param for p in g["params"]))
+    m_hat = state["exp_avg"].float() / (1.0 - group["betas"][0] ** float(state["step"]))
+    for f, e_w in errors_w.items():
+        s["per_format"][f]["m_dot_ew"] = float((m_hat * e_w).sum())
 
 
 def harshest_format(formats: tuple[str, ...], sums: Mapping[str, Mapping[str, Any]]) -> str:
