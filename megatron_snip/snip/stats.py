@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from megatron_snip.config import CURVATURE_NOISE
+from megatron_snip.config import CURVATURE_NOISE, LOSS_FIRST_ORDER
 from megatron_snip.model.layers import ColumnParallelLinear, PrecisionLinear
 from megatron_snip.precision.formats import Operand
 from megatron_snip.precision.gemm import quant_linear
@@ -103,10 +103,14 @@ class ProbeConfig:
     # curvature along Y) or "error" (±e_Y(harshest) of the same batch, a random sign per linear and
     # draw: the curvature along the error being priced). See forward_noise.
     curvature_noise: str = "gaussian"
+    # How snip/metrics.py reads the first-order sums (stamped into the snapshot as "loss_first_order").
+    loss_first_order: str = "abs"
 
     def __post_init__(self) -> None:
         if self.curvature_noise not in CURVATURE_NOISE:
             raise ValueError(f"snip.curvature_noise={self.curvature_noise!r}: choose one of {list(CURVATURE_NOISE)}")
+        if self.loss_first_order not in LOSS_FIRST_ORDER:
+            raise ValueError(f"snip.loss_first_order={self.loss_first_order!r}: choose one of {list(LOSS_FIRST_ORDER)}")
 
 
 class StatsCollector:
@@ -243,6 +247,7 @@ class StatsCollector:
             "total_sq_update": total_sq_update,
             "replicas": 1,
             "noise_passes": noise_passes,
+            "loss_first_order": self.cfg.loss_first_order,
             "linears": sums,
             "propagation": propagation,
             "timings": timings,

@@ -184,9 +184,16 @@ def test_error_direction_curvature_prices_the_error_exactly(noise):
         assert abs(predicted - true) > 0.1 * abs(true - pf["grad_dot_ey"])
 
 
-def test_probe_config_rejects_an_unknown_curvature_noise():
+def test_probe_config_and_snip_config_reject_unknown_estimator_modes():
+    from megatron_snip.config import load_config
+
     with pytest.raises(ValueError, match="curvature_noise"):
         ProbeConfig(formats=("fp8",), curvature_noise="uniform")
+    with pytest.raises(ValueError, match="loss_first_order"):
+        ProbeConfig(formats=("fp8",), loss_first_order="none")
+    for key in ("curvature_noise", "loss_first_order"):
+        with pytest.raises(ValueError, match=f"snip.{key}='x'"):
+            load_config("launch/configs/tiny.toml", [f'snip.{key}="x"'])
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp4", "nvfp4"])
@@ -269,6 +276,33 @@ def test_normalized_costs_and_baseline_costs():
     rel = relative_error_costs(snap)
     assert all(c["bf16"] == 0.0 and c["nvfp4"] > c["fp8"] > 0 for c in rel.values())
     assert snap["linears"]["0.fc1"]["per_format"]["nvfp4"]["sq_qerr_w"] > 0
+
+
+@pytest.mark.parametrize("mode", ["signed", "momentum"])
+def test_signed_loss_divergence_keeps_costs_non_negative_and_their_differences(mode):
+    """A signed first-order term can make ΔL negative; the fprop costs are shifted per GEMM so that
+    they are >= 0 for the ILP, with the differences between formats (what the ILP trades) intact."""
+    tr = QuadraticTrainer(two=True)
+    tr.set_adam_state(v_hat=0.01)
+    snap = StatsCollector(ProbeConfig(formats=("fp8", "nvfp4"), noise_draws=1, loss_first_order=mode)).collect(
+        tr, [torch.randn(T, K)], step=1)
+    assert snap["loss_first_order"] == mode
+    div = linear_divergences(snap)
+    pf = snap["linears"]["0.fc2"]["per_format"]["nvfp4"]
+    first = pf["grad_dot_ey"] if mode == "signed" else pf["m_dot_ew"] + pf["grad_dot_ey"] - pf["grad_dot_ew"]
+    assert div["0.fc2"]["nvfp4"].loss_first_order == pytest.approx(first, rel=1e-12)
+    # make one linear's ΔL negative in both formats, as a systematic first-order gain does
+    for f in ("fp8", "nvfp4"):
+        p = snap["linears"]["0.fc1"]["per_format"][f]
+        p["grad_dot_ey"] = p["grad_dot_ew"] = p["m_dot_ew"] = -1e3 * (1 + p["sq_ey"])
+    div = linear_divergences(snap)
+    assert div["0.fc1"]["nvfp4"].loss < 0 and div["0.fc1"]["fp8"].loss < 0
+    costs = snip_costs(snap)
+    zl = sum(abs(div[k]["nvfp4"].loss) for k in div)
+    for key, layer_linear in (("0.fc1", "fc1"), ("0.fc2", "fc2")):
+        c = costs[GemmId(0, layer_linear, "fprop")]
+        assert min(c.values()) >= 0.0
+        assert c["nvfp4"] - c["fp8"] == pytest.approx((div[key]["nvfp4"].loss - div[key]["fp8"].loss) / zl, rel=1e-9)
 
 
 def test_errors_only_collection_matches_the_full_one_and_is_refused_by_snip():
