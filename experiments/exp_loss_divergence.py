@@ -81,10 +81,33 @@ def scores(pred: dict[tuple[str, str], float], truth: dict[tuple[str, str], floa
     return out
 
 
+SUMMARY_FORMULAS = ("abs+k", "k", "signed+k", "signed", "msigned+k")
+
+
+def summarize(paths: list[str]) -> str:
+    """A markdown table of Spearman ρ per seed, setting and formula against the truth, its even part
+    and its odd part (``--summarize`` prints it)."""
+    lines = ["| seed | setting (P×D×noise) | stats s | " + " | ".join(SUMMARY_FORMULAS) + " |",
+             "|---|---|---|" + "---|" * len(SUMMARY_FORMULAS)]
+    notes = []
+    for path in paths:
+        d = json.loads(Path(path).read_text())
+        rel = d["truth_reliability_split_half"]["all"]
+        notes.append(f"seed {d['seed']}: truth split-half ρ {rel:.2f} (Spearman-Brown {2 * rel / (1 + rel):.2f} for all "
+                     f"{d['truth_batches']} batches); the probe truth (ΔL measured on the first 2 probe batches) "
+                     f"against it: {d['results'][0]['spearman']['all']:.2f}")
+        for r in d["results"][1:]:
+            cells = [f"{r['spearman'][n]['all']:.2f} / {r['spearman_vs_even'][n]:.2f} / {r['spearman_vs_odd'][n]:.2f}"
+                     for n in SUMMARY_FORMULAS]
+            lines.append(f"| {d['seed']} | {r['setting']} | {r['stats_s']:.0f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines + [""] + [f"- {n}" for n in notes]) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--summarize", nargs="+", metavar="JSON", help="print the summary table of these outputs; run nothing")
     ap.add_argument("--config", default="launch/configs/tiny.toml")
-    ap.add_argument("--seed", type=int, required=True, help="a development seed (not 1-4, the reported ones)")
+    ap.add_argument("--seed", type=int, help="a development seed (not 1-4, the reported ones)")
     ap.add_argument("--steps", type=int, default=1000, help="BF16 steps of the checkpoint (the comparison's base)")
     ap.add_argument("--run-root", default="runs/loss_divergence")
     ap.add_argument("--formats", default="fp8_block,fp4_block", help="the candidates (statistics)")
@@ -95,8 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settings", default=",".join(f"{p}x{d}x{kind}" for p, d, kind in SETTINGS),
                     help="probe settings PxDxNOISE (micro-batches, draws, gaussian|error), comma-separated")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out")
     args = ap.parse_args(argv)
+    if args.summarize:
+        print(summarize(args.summarize), end="")
+        return 0
+    if args.seed is None or args.out is None:
+        ap.error("--seed and --out are required (or --summarize)")
     if args.seed in (1, 2, 3, 4):
         raise SystemExit("error: --seed 1-4 are the comparison's reported seeds; use a development seed")
     formats = tuple(args.formats.split(","))
