@@ -165,20 +165,15 @@ def ground_truth(trainer: Trainer, formats: tuple[str, ...], truth_batches: int)
     """Measured effects on the first ``truth_batches`` held-out micro-batches, one row per
     (linear, format): dL_true (fprop in f), dW_true (dgrad+wgrad in f), dW_true_wgrad, dW_true_dgrad
     (means over the batches), and each batch's value under ``"per_batch"``."""
-    t = trainer.cfg.training
-    valid = trainer.data.valid["valid"]
-    held = draw_micro_batches(valid, 0, truth_batches, t.micro_batch_size, trainer.device)
+    held = held_out_batches(trainer, truth_batches)
     params = list(trainer.model.parameters())
-    with torch.no_grad():
-        base_loss = [float(trainer.forward_loss(x)) for x in held]
     base_updates = [adam_update(trainer.optimizer, params, gradients(trainer, x)) for x in held]
+    loss_change = loss_truth(trainer, formats, held)
     rows = []
     for lin in trainer.model.precision_linears():
         for f in formats:
             row = {"linear": key_of(lin), "format": f}
-            lin.set_precision(GemmPrecision(fprop=f))
-            with torch.no_grad():
-                per_batch = {"dL_true": [float(trainer.forward_loss(x)) - b for x, b in zip(held, base_loss)]}
+            per_batch = {"dL_true": loss_change[key_of(lin), f]}
             for name, prec in (("dW_true", GemmPrecision(dgrad=f, wgrad=f)), ("dW_true_wgrad", GemmPrecision(wgrad=f)),
                                ("dW_true_dgrad", GemmPrecision(dgrad=f))):
                 lin.set_precision(prec)
@@ -189,6 +184,40 @@ def ground_truth(trainer: Trainer, formats: tuple[str, ...], truth_batches: int)
             row["per_batch"] = per_batch
             rows.append(row)
     return rows
+
+
+def held_out_batches(trainer: Trainer, count: int) -> list[torch.Tensor]:
+    """The first ``count`` training-sized micro-batches of the held-out split (the truth's data)."""
+    return draw_micro_batches(trainer.data.valid["valid"], 0, count, trainer.cfg.training.micro_batch_size,
+                              trainer.device)
+
+
+def loss_truth(trainer: Trainer, formats: tuple[str, ...], batches: list[torch.Tensor], *,
+               mirrored: bool = False) -> dict[tuple[str, str], list[float]]:
+    """{(linear key, format): [loss with only that linear's fprop in the format − the reference loss,
+    per batch]}: the measured loss divergence, one forward per linear, format and batch.
+
+    ``mirrored``: the linear's output moved by −e_Y instead (Y − (Y_f − Y)). Half the sum of the
+    two is the even part of the loss change, ½·e_Yᵀ·H·e_Y + O(e⁴); half the difference the odd
+    part, <G, e_Y> + O(e³): the truth of each Taylor term on its own."""
+    def mirror(module, x):
+        y = module.local_gemm(x, GemmPrecision())
+        return 2 * y - module.local_gemm(x, module.precision)
+
+    with torch.no_grad():
+        base_loss = [float(trainer.forward_loss(x)) for x in batches]
+    out = {}
+    for lin in trainer.model.precision_linears():
+        for f in formats:
+            lin.set_precision(GemmPrecision(fprop=f))
+            lin.probe = mirror if mirrored else None
+            try:
+                with torch.no_grad():
+                    out[key_of(lin), f] = [float(trainer.forward_loss(x)) - b for x, b in zip(batches, base_loss)]
+            finally:
+                lin.probe = None
+                lin.set_precision(GemmPrecision())
+    return out
 
 
 def with_predictions(truth: list[dict], snapshot: dict) -> list[dict]:
@@ -266,7 +295,7 @@ def plot(rows: list[dict], formats: tuple[str, ...], path: Path) -> None:
 
 def _sparse_log_ticks(axis) -> None:
     """Labels at 1, 2, 5 x 10^k only, so a log axis spanning less than a decade still has some."""
-    import matplotlib.ticker as ticker
+    from matplotlib import ticker
 
     axis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     axis.set_major_formatter(ticker.FormatStrFormatter("%.1g"))

@@ -149,6 +149,10 @@ class PrecisionConfig:
             raise _err("precision.initial_plan", self.initial_plan, "use 'bf16', 'uniform:<format>' or a plan JSON path")
 
 
+CURVATURE_NOISE = ("gaussian", "error")  # snip.curvature_noise: directions of SNIP's forward noise
+LOSS_FIRST_ORDER = ("abs", "signed", "momentum")  # snip.loss_first_order: the loss divergence's first-order term
+
+
 @dataclass(frozen=True)
 class SnipConfig:
     """Adaptive precision: when and how to re-plan (see docs/snip.md)."""
@@ -166,6 +170,14 @@ class SnipConfig:
     probe_micro_batch_size: int = 0
     weight_divergence_weight: float = 1.0  # lambda in sum(dL + lambda * dW)
     noise_draws: int = 2  # forward-noise passes per probe batch (curvature, one-sided vs the reference pass)
+    # Direction of the forward noise: "gaussian" (isotropic: mean curvature along Y) or "error" (±the
+    # harshest format's own e_Y: curvature along the error priced). docs/snip.md, "Forward-noise pass".
+    # The shipped configs set "error" (docs/validation/loss_divergence/); the default stays the
+    # behaviour runs were recorded with before the field existed (comparison.protocol.same_config).
+    curvature_noise: str = "gaussian"
+    # The loss divergence's first-order term: "abs" (mean per-batch |<G, e_Y>|), "signed" (mean <G, e_Y>,
+    # a systematic gain counts), "momentum" (signed, the weight error's part from AdamW's m̂). snip/metrics.py.
+    loss_first_order: str = "abs"
     propagation_sequences: int = 1  # sequences of the first probe batch for the exact dgrad-propagation pass
     solver_max_time: float = 10.0  # CP-SAT max_deterministic_time
     seed: int = 0
@@ -181,6 +193,10 @@ class SnipConfig:
             raise _err("snip.fp4_target", self.fp4_target, "must be a fraction in [0, 1] (e.g. 0.75)")
         if self.granularity not in ("layer", "gemm"):
             raise _err("snip.granularity", self.granularity, "choose 'layer' or 'gemm'")
+        if self.curvature_noise not in CURVATURE_NOISE:
+            raise _err("snip.curvature_noise", self.curvature_noise, f"choose one of {list(CURVATURE_NOISE)}")
+        if self.loss_first_order not in LOSS_FIRST_ORDER:
+            raise _err("snip.loss_first_order", self.loss_first_order, f"choose one of {list(LOSS_FIRST_ORDER)}")
         if self.warmup < 0:
             raise _err("snip.warmup", self.warmup, "must be >= 0")
         if self.probe_micro_batch_size < 0:

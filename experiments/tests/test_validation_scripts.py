@@ -60,3 +60,28 @@ def test_bad_setting_is_refused():
         exp_probe_size.parse_setting("2x8")
     with pytest.raises(SystemExit, match=">= 1"):
         exp_probe_size.parse_setting("0x8x1")
+
+
+def test_loss_divergence_experiment_splits_the_truth(small_overrides, tmp_path):
+    """exp_loss_divergence on a 2-layer model: the truth's even and odd parts add up to it, every
+    formula is scored against all three, a rerun reuses the measured truth, and the reported seeds
+    are refused."""
+    from experiments import exp_loss_divergence as ld
+
+    out = tmp_path / "ld.json"
+    argv = ["--seed", "21", "--steps", "3", "--run-root", str(tmp_path / "runs"), "--truth-batches", "2",
+            "--windows", "1", "--settings", "1x1xerror", "--formats", "fp8,nvfp4", "--truth-formats", "nvfp4",
+            "--out", str(out)]
+    for o in small_overrides:
+        argv += ["--set", o]
+    assert ld.main(argv) == 0
+    first = json.loads(out.read_text())
+    for k, v in first["truth"].items():
+        assert first["truth_even"][k] + first["truth_odd"][k] == pytest.approx(v, rel=1e-12, abs=1e-15)
+    row = first["results"][1]
+    assert row["setting"] == "1x1xerror" and set(row["spearman_vs_even"]) == set(ld.FORMULAS)
+    assert ld.main(argv) == 0  # the truth of the same checkpoint is read back, not re-measured
+    assert json.loads(out.read_text())["truth_per_batch"] == first["truth_per_batch"]
+    assert "| 21 | 1x1xerror |" in ld.summarize([str(out)])
+    with pytest.raises(SystemExit, match="reported seeds"):
+        ld.main(["--seed", "3", "--out", str(out)])

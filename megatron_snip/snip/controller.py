@@ -63,6 +63,7 @@ class SnipController:
                                            cfg.parallel.pp)
         self.collector = StatsCollector(ProbeConfig(formats=tuple(s.formats), noise_draws=s.noise_draws,
                                                    propagation_sequences=s.propagation_sequences, seed=s.seed,
+                                                   curvature_noise=s.curvature_noise, loss_first_order=s.loss_first_order,
                                                    compiled_quantizers=cfg.precision.compile_quantizers))
         self.replans = host.extra_state.get("snip", {}).get("replans", 0)  # restored by a resume
 

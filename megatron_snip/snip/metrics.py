@@ -3,7 +3,13 @@
 For linear ℓ and candidate format f (notation of docs/snip.md; n probe micro-batches,
 each with its own loss L_b, G_b = ∂L_b/∂Y_b):
 
-    loss divergence    ΔL(ℓ,f) = (1/n) Σ_b |<G_b, e_Y,b(f)>|  +  ½ · max(κ_ℓ, 0) · (1/n) Σ_b ‖e_Y,b(f)‖²
+    loss divergence    ΔL(ℓ,f) = F(ℓ,f)  +  ½ · max(κ_ℓ, 0) · (1/n) Σ_b ‖e_Y,b(f)‖², with the first-order
+                       term F by the snapshot's "loss_first_order" (snip.loss_first_order):
+                         "abs"      (1/n) Σ_b |<G_b, e_Y,b>|                      (>= 0; the default)
+                         "signed"   (1/n) Σ_b <G_b, e_Y,b>                        (a systematic gain counts)
+                         "momentum" <m̂, Q(W)-W> + (1/n) Σ_b (<G_b, e_Y,b> - <dW_b, Q(W)-W>)
+                                    (signed; the weight error's part, the same for every batch, priced
+                                    with AdamW's momentum m̂ instead of the n probe gradients)
     weight divergence  ΔW(ℓ,f) = ΔW_wgrad + ΔW_dgrad, both relative to ‖u‖ = ‖ḡ ⊘ (√v̂+eps)‖:
         ΔW_wgrad = ‖ē_dW(f) ⊘ (√v̂+eps)‖ / ‖u‖          (this layer's own update error)
         ΔW_dgrad = γ_ℓ · ‖ē_dX(f)‖ / ‖u‖               (error propagated to earlier layers)
@@ -11,10 +17,13 @@ each with its own loss L_b, G_b = ∂L_b/∂Y_b):
 where κ_ℓ = curv_num / curv_den (Hutchinson, one-sided against the reference pass),
 γ_ℓ = sqrt(num / den) of the propagation pass (preconditioned gain of a unit upstream
 gradient), ḡ, ē the probe-mean gradient and errors.
-Each metric is then divided by its total over all linears at the harshest candidate
-format, so both are fractions of comparable size, and the cost of a GEMM is
+Each metric is then divided by its total (of magnitudes) over all linears at the harshest
+candidate format, so both are fractions of comparable size, and the cost of a GEMM is
 
     fprop: ΔL_norm,   dgrad: λ·ΔW_dgrad_norm,   wgrad: λ·ΔW_wgrad_norm.
+
+A signed ΔL can be negative; the ILP takes costs >= 0 and picks one format per GEMM, so each
+fprop's costs are shifted by their minimum over formats (which leaves the optimum unchanged).
 """
 
 from __future__ import annotations
@@ -59,11 +68,12 @@ def linear_divergences(snapshot: Mapping[str, Any]) -> dict[str, dict[str, Linea
     n = snapshot["num_probe_batches"] * snapshot.get("replicas", 1)
     update_norm = math.sqrt(snapshot["total_sq_update"]) or 1.0
     out: dict[str, dict[str, LinearDivergence]] = {}
+    first_order = FIRST_ORDER[snapshot.get("loss_first_order", "abs")]
     for key, s in snapshot["linears"].items():
         kappa, gamma = max(curvature(s), 0.0), propagation_gain(snapshot, key)
         out[key] = {
             f: LinearDivergence(
-                loss_first_order=pf["abs_grad_dot_ey"] / n,
+                loss_first_order=first_order(pf, n),
                 loss_second_order=0.5 * kappa * pf["sq_ey"] / n,
                 weight_wgrad=math.sqrt(pf["sq_edw_precond"]) / update_norm,
                 weight_dgrad=gamma * math.sqrt(pf["sq_edx"]) / n / update_norm,
@@ -73,10 +83,18 @@ def linear_divergences(snapshot: Mapping[str, Any]) -> dict[str, dict[str, Linea
     return out
 
 
+# The first-order term of ΔL from one linear's per-format sums over n probe micro-batches (module docstring).
+FIRST_ORDER = {
+    "abs": lambda pf, n: pf["abs_grad_dot_ey"] / n,
+    "signed": lambda pf, n: pf["grad_dot_ey"] / n,
+    "momentum": lambda pf, n: pf["m_dot_ew"] + (pf["grad_dot_ey"] - pf["grad_dot_ew"]) / n,
+}
+
+
 def _normalizer(values: dict[str, dict[str, float]]) -> float:
-    """Total over linears at the harshest format (the one with the largest total)."""
+    """Total magnitude over linears at the harshest format (the one with the largest total)."""
     formats = next(iter(values.values())).keys()
-    total = max(sum(v[f] for v in values.values()) for f in formats)
+    total = max(sum(abs(v[f]) for v in values.values()) for f in formats)
     return total if total > 0 else 1.0
 
 
@@ -94,7 +112,8 @@ def snip_costs(snapshot: Mapping[str, Any], weight_divergence_weight: float = 1.
     costs: dict[GemmId, dict[str, float]] = {}
     for key, per_f in div.items():
         layer, linear = _split(key)
-        costs[GemmId(layer, linear, "fprop")] = {f: d.loss / zl for f, d in per_f.items()}
+        floor = min(0.0, *(d.loss for d in per_f.values()))  # 0 unless a signed ΔL is negative
+        costs[GemmId(layer, linear, "fprop")] = {f: (d.loss - floor) / zl for f, d in per_f.items()}
         costs[GemmId(layer, linear, "dgrad")] = {f: lam * d.weight_dgrad / zw for f, d in per_f.items()}
         costs[GemmId(layer, linear, "wgrad")] = {f: lam * d.weight_wgrad / zw for f, d in per_f.items()}
     return costs

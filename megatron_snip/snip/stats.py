@@ -8,9 +8,10 @@ BF16 (the reference trajectory). Three passes (docs/snip.md derives what each fe
    errors of all three GEMMs in every candidate format are *measured* by running
    the quantized GEMM (``quant_linear``, the emulated formats) on the stored tensors:
    e_Y = Q(X)Q(W)ᵀ - XWᵀ, e_dX = Q(G)Q(W) - GW, e_dW = Q(G)ᵀQ(X) - GᵀX.
-2. **Forward-noise pass** - Gaussian noise ε added to every linear's Y at once; the
-   change of G against the reference pass gives the curvature κ ≈ <ε, G(ε) - G(0)> / ‖ε‖²
-   (Hutchinson; the cross-terms between layers and the third-order term have zero mean).
+2. **Forward-noise pass** - Gaussian noise ε (fp32) added to every linear's Y at once, in Y's
+   dtype; with δ the perturbation that made (ε rounded with Y: bf16 under autocast), the change of
+   G against the reference pass gives the curvature κ ≈ <δ, G(ε) - G(0)> / ‖δ‖² (Hutchinson; the
+   cross-terms between layers and the third-order term have zero mean).
 3. **Backward-noise pass** - for each linear, Gaussian noise ε as the upstream
    gradient of its input X, back-propagated to every earlier parameter (exact:
    backprop is linear in the upstream gradient, so the change is the
@@ -34,6 +35,7 @@ from typing import Any
 
 import torch
 
+from megatron_snip.config import CURVATURE_NOISE, LOSS_FIRST_ORDER
 from megatron_snip.model.layers import ColumnParallelLinear, PrecisionLinear
 from megatron_snip.precision.formats import Operand
 from megatron_snip.precision.gemm import AmaxReducers, quant_linear
@@ -46,6 +48,8 @@ BF16 = GemmPrecision()
 # Keys of the per-format additive sums (see metrics.py for how each is used).
 PER_FORMAT_KEYS = (
     "grad_dot_ey",  # sum_b <G_b, e_Y,b>            (signed first-order loss change, per batch)
+    "grad_dot_ew",  # sum_b <dW_b, Q(W)-W>           (its weight-error part: <G_b, X_b (Q(W)-W)ᵀ>)
+    "m_dot_ew",  # <m̂, Q(W)-W>, m̂ = AdamW's bias-corrected first moment (the same part, from ~1/(1-β1) steps' gradients)
     "abs_grad_dot_ey",  # sum_b |<G_b, e_Y,b>|
     "sq_ey",  # sum_b ‖e_Y,b‖²
     "sq_edx",  # sum_b ‖e_dX,b‖²
@@ -65,7 +69,8 @@ class _Record:
     g: torch.Tensor | None = None  # (T, N) dL/dY
     y: torch.Tensor | None = None  # (T, N) reference output, kept when fp32 (pass 1 reuses it)
     dx: torch.Tensor | None = None  # (T, K) this GEMM's own dgrad G·W, kept when fp32 (pass 1 reuses it)
-    noise: torch.Tensor | None = None  # (T, N) forward noise of the current draw (pass 2)
+    noise: torch.Tensor | None = None  # (T, N) forward noise of the current draw (pass 2), fp32
+    noise_realized: torch.Tensor | None = None  # (T, N) fp32: what the noise actually changed Y by (pass 2)
     grad_noise_sigma: float = 0.0  # > 0: add N(0, σ²) to the gradient of X (pass 3)
     grad_noise_sq: float = 0.0  # ‖ε‖² of the injected gradient noise
 
@@ -94,6 +99,18 @@ class ProbeConfig:
     propagation_sequences: int = 1  # sequences of the first probe micro-batch used by pass 3
     seed: int = 0
     compiled_quantizers: bool = False  # precision.compile_quantizers: the mode of the error measurements' quantizers
+    # Direction of pass 2's noise: "gaussian" (isotropic, σ of the harshest format's error: the mean
+    # curvature along Y) or "error" (±e_Y(harshest) of the same batch, a random sign per linear and
+    # draw: the curvature along the error being priced). See forward_noise.
+    curvature_noise: str = "gaussian"
+    # How snip/metrics.py reads the first-order sums (stamped into the snapshot as "loss_first_order").
+    loss_first_order: str = "abs"
+
+    def __post_init__(self) -> None:
+        if self.curvature_noise not in CURVATURE_NOISE:
+            raise ValueError(f"snip.curvature_noise={self.curvature_noise!r}: choose one of {list(CURVATURE_NOISE)}")
+        if self.loss_first_order not in LOSS_FIRST_ORDER:
+            raise ValueError(f"snip.loss_first_order={self.loss_first_order!r}: choose one of {list(LOSS_FIRST_ORDER)}")
 
 
 class StatsCollector:
@@ -141,7 +158,7 @@ class StatsCollector:
                 elif mode == "inputs":
                     rec.x = x  # with its graph: the propagation pass differentiates it
                 if rec.noise is not None:
-                    y = y + rec.noise.view_as(y).to(y.dtype)
+                    y = _add_noise(y, rec)
                 if y.requires_grad and mode in ("record", "noise"):
                     y.register_hook(lambda g: setattr(rec, "g", g.detach()))
                 return y
@@ -179,13 +196,21 @@ class StatsCollector:
         t0 = time.perf_counter()
         losses = []
         reference_g: list[dict[str, torch.Tensor]] = []  # per probe batch: each linear's G(0), for pass 2
+        # per probe batch: each linear's e_Y per format, kept for error-direction noise (pass 2)
+        errors_y: list[dict[str, dict[str, torch.Tensor]]] = []
+        keep_ey = noise_passes and self.cfg.curvature_noise == "error"
+        q = {"generator": gen, "compiled": self.cfg.compiled_quantizers}
+        errors_w = {k: {f: weight_error(lin, f, **q) for f in self.cfg.formats} for k, lin in zip(keys, linears)}
         for b, tokens in enumerate(probe_batches):
             records = {k: _Record() for k in keys}
             with self._probes(linears, "record", records, gen):
                 losses.append(float(host.forward_backward([tokens])))
             reference_g.append({k: records[k].g for k in keys})
+            errors_y.append({})
             for k, lin in zip(keys, linears):
-                self._measure_errors(lin, records[k], sums[k], edw_acc[k], gen, first_batch=b == 0)
+                e_y = self._measure_errors(lin, records[k], sums[k], edw_acc[k], errors_w[k], gen, first_batch=b == 0)
+                if keep_ey:
+                    errors_y[b][k] = e_y
         grads = {id(p): p.grad.detach() / n for p in model.parameters() if p.grad is not None}
         timings["reference_pass_s"] = time.perf_counter() - t0
 
@@ -207,11 +232,12 @@ class StatsCollector:
                 s["per_format"][f]["sq_edw"] = float(e.pow(2).sum())
                 s["per_format"][f]["sq_edw_precond"] = float((e / n / denom).pow(2).sum())
             _add_adam_norms(optimizer, lin.weight, s)
+            _add_momentum_first_order(optimizer, lin.weight, errors_w[k], s)
         optimizer.zero_grad(set_to_none=True)
 
         propagation: dict[str, dict[str, float]] = {}
         if noise_passes:
-            propagation = self._noise_passes(host, linears, keys, probe_batches, reference_g, denominators,
+            propagation = self._noise_passes(host, linears, keys, probe_batches, reference_g, errors_y, denominators,
                                              sums, gen, timings)
         return {
             "step": step,
@@ -221,6 +247,7 @@ class StatsCollector:
             "total_sq_update": total_sq_update,
             "replicas": 1,
             "noise_passes": noise_passes,
+            "loss_first_order": self.cfg.loss_first_order,
             "linears": sums,
             "propagation": propagation,
             "timings": timings,
@@ -228,6 +255,7 @@ class StatsCollector:
 
     def _noise_passes(self, host: ProbeHost, linears: list[PrecisionLinear], keys: list[str],
                       probe_batches: list[torch.Tensor], reference_g: list[dict[str, torch.Tensor]],
+                      errors_y: list[dict[str, dict[str, torch.Tensor]]],
                       denominators: dict[int, torch.Tensor], sums: dict[str, dict[str, Any]],
                       gen: torch.Generator, timings: dict[str, float]) -> dict[str, dict[str, float]]:
         """Passes 2 and 3: curvature sums into ``sums``; returns the propagation gains."""
@@ -240,13 +268,12 @@ class StatsCollector:
         harshest = harshest_format(self.cfg.formats, sums)
         for k in keys:
             sums[k]["noise_sigma"] = forward_noise_sigma(sums[k], harshest)
-        for tokens, g_ref in zip(probe_batches, reference_g):
+        for tokens, g_ref, e_y in zip(probe_batches, reference_g, errors_y):
             for _ in range(self.cfg.noise_draws):
-                noise = {k: torch.randn(g_ref[k].shape, generator=gen, device=host.device) * sums[k]["noise_sigma"]
-                         for k in keys}
-                g_noisy = self.noisy_output_grads(host, tokens, noise)
+                noise = forward_noise(self.cfg.curvature_noise, keys, g_ref, e_y, harshest, sums, gen)
+                g_noisy, realized = self.noisy_output_grads(host, tokens, noise)
                 for k in keys:
-                    eps = _flat(noise[k])
+                    eps = realized[k]
                     sums[k]["curv_num"] += float((eps * (g_noisy[k] - _flat(g_ref[k]))).sum())
                     sums[k]["curv_den"] += float(eps.pow(2).sum())
         timings["forward_noise_pass_s"] = time.perf_counter() - t0
@@ -258,8 +285,10 @@ class StatsCollector:
         timings["backward_noise_pass_s"] = time.perf_counter() - t0
         return propagation
 
-    def _measure_errors(self, lin: PrecisionLinear, rec: _Record, s: dict[str, Any],
-                        edw_acc: dict[str, torch.Tensor], gen: torch.Generator, *, first_batch: bool) -> None:
+    def _measure_errors(self, lin: PrecisionLinear, rec: _Record, s: dict[str, Any], edw_acc: dict[str, torch.Tensor],
+                        errors_w: dict[str, torch.Tensor], gen: torch.Generator, *,
+                        first_batch: bool) -> dict[str, torch.Tensor]:
+        """Adds one probe batch's norms and measured errors to ``s``; returns e_Y per format, (T, N) fp32."""
         assert rec.x is not None and rec.g is not None, f"linear {key_of(lin)} saw no forward/backward"
         x, g, w = _flat(rec.x), _flat(rec.g), lin.weight.detach().float()
         # Y and dX from the pass itself when it ran in fp32 (under bf16 autocast they carry bf16
@@ -276,12 +305,14 @@ class StatsCollector:
         s["numel_y"] += y_ref.numel()
         # Stochastic rounding here draws from ``gen``: it must not consume the training stream.
         q = {"generator": gen, "compiled": self.cfg.compiled_quantizers}
+        errors_y = {}
         for f in self.cfg.formats:
             y_q, dx_q, dw_q = quantized_gemms(lin, x, g, GemmPrecision.uniform(f), **q)
             e_y, e_dx, e_dw = y_q - y_ref, dx_q - dx_ref, dw_q - dw_ref
             pf = s["per_format"][f]
             dot = float((g * e_y).sum())
             pf["grad_dot_ey"] += dot
+            pf["grad_dot_ew"] += float((dw_ref * errors_w[f]).sum())
             pf["abs_grad_dot_ey"] += abs(dot)
             pf["sq_ey"] += float(e_y.pow(2).sum())
             pf["sq_edx"] += float(e_dx.pow(2).sum())
@@ -290,21 +321,28 @@ class StatsCollector:
             pf["sq_qerr_g"] += operand_error(lin, g, w, f, "g", **q)
             if first_batch:  # W is the same for every probe batch
                 pf["sq_qerr_w"] = operand_error(lin, x, w, f, "w", **q)
+            errors_y[f] = e_y
+        return errors_y
 
-    def noisy_output_grads(self, host: ProbeHost, tokens: torch.Tensor,
-                           noise: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
-        """One forward-noise pass (pass 2) on a (B, S+1) micro-batch: ``noise[k]`` (shaped like
-        linear ``k``'s output Y, B x S x N on this TP rank) is added to every linear's Y at once;
-        returns each linear's G = dL/dY as (T, N) fp32 (``noise=None``: the noise-free pass).
-        Only G is needed: linear weights are frozen (their wgrad GEMMs skipped) and the
-        gradients are discarded."""
+    def noisy_output_grads(self, host: ProbeHost, tokens: torch.Tensor, noise: Mapping[str, torch.Tensor] | None
+                           ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """One forward-noise pass (pass 2) on a (B, S+1) micro-batch: ``noise[k]`` (fp32, shaped like
+        linear ``k``'s output Y, B x S x N on this TP rank) is added to every linear's Y at once.
+
+        Returns (G, δ), each {key: (T, N) fp32}: every linear's G = dL/dY, and the perturbation δ
+        the noise actually made to its Y (``_add_noise``: ε rounded with Y into the pass's
+        activation dtype, bf16 under autocast; ≈ ε in fp32). The curvature sums must use δ, not
+        ε: that is the direction whose gradient change G measures, on every device and dtype.
+        ``noise=None``: the noise-free pass (δ empty). Only G is needed: linear weights are frozen
+        (their wgrad GEMMs skipped) and the gradients are discarded."""
         linears = list(host.model.precision_linears())
         keys = [key_of(lin) for lin in linears]
         records = {k: _Record(noise=None if noise is None else noise[k]) for k in keys}
         with self._probes(linears, "noise", records), _frozen_weights(linears):
             host.forward_backward([tokens])
         host.optimizer.zero_grad(set_to_none=True)
-        return {k: _flat(records[k].g) for k in keys}
+        realized = {k: _flat(records[k].noise_realized) for k in keys if records[k].noise_realized is not None}
+        return {k: _flat(records[k].g) for k in keys}, realized
 
     def _propagation_pass(self, host: ProbeHost, linears: list[PrecisionLinear], keys: list[str], tokens: torch.Tensor,
                           denominators: dict[int, torch.Tensor], sums: dict[str, dict[str, Any]],
@@ -397,6 +435,36 @@ class StatsCollector:
         return out
 
 
+def forward_noise(kind: str, keys: list[str], g_ref: Mapping[str, torch.Tensor],
+                  e_y: Mapping[str, Mapping[str, torch.Tensor]], harshest: str, sums: Mapping[str, Mapping[str, Any]],
+                  gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """One draw of pass 2's noise, {key: (T, N) fp32} in every linear's Y at once.
+
+    "gaussian": ε ~ N(0, σ²I), σ = ``forward_noise_sigma``; κ is then the mean curvature of the
+    loss along Y (a trace). "error": ε = s·e_Y(harshest) of this probe batch, with a random sign
+    s = ±1 per linear: κ = e_Yᵀ H e_Y / ‖e_Y‖², the curvature along the error the metric prices
+    (quantization errors are not isotropic: they follow the blocks' large elements), and the
+    cross-layer terms s_ℓ·s_m·e_ℓᵀ H e_m still have zero mean. Either way the draws come from
+    ``gen`` in key order, the same on every TP rank of a linear."""
+    if kind == "gaussian":
+        return {k: torch.randn(g_ref[k].shape, generator=gen, device=g_ref[k].device) * sums[k]["noise_sigma"]
+                for k in keys}
+    signs = torch.randint(0, 2, (len(keys),), generator=gen, device=gen.device) * 2.0 - 1.0
+    return {k: float(s) * e_y[k][harshest] for k, s in zip(keys, signs)}
+
+
+def _add_noise(y: torch.Tensor, rec: _Record) -> torch.Tensor:
+    """Y + ε in Y's dtype (the pass's activation dtype: the graph after Y runs as in training), and
+    in ``rec.noise_realized`` the perturbation that made, δ = (Y + ε) - Y in fp32. Under bf16 the sum
+    rounds: δ differs from ε by up to half an ulp of Y per element (all of ε where |ε| is below it),
+    so summing ⟨ε, ΔG⟩/‖ε‖² would price a perturbation that never happened. The difference is
+    taken in fp64, where it is exact for bf16 and fp32 operands, then stored in fp32."""
+    assert rec.noise is not None
+    y_noisy = y + rec.noise.view_as(y).to(y.dtype)
+    rec.noise_realized = (y_noisy.detach().double() - y.detach().double()).float()
+    return y_noisy
+
+
 def forward_noise_sigma(s: dict[str, Any], harshest: str) -> float:
     """σ of pass 2's noise on one linear's Y: the scale of the error being priced,
     ‖e_Y(harshest)‖ / sqrt(T·N) per element (``s``: that linear's pass-1 sums)."""
@@ -420,6 +488,15 @@ def quantized_gemms(lin: PrecisionLinear, x_tk: torch.Tensor, g_tn: torch.Tensor
         y = quant_linear(x, w, precision, amax_reduce=lin.amax_reduce, generator=generator, compiled=compiled)
         dx, dw = torch.autograd.grad(y, (x, w), g_tn)
     return y.detach().float(), dx.float(), dw.float()
+
+
+def weight_error(lin: PrecisionLinear, fmt: str, *, generator: torch.Generator | None = None,
+                 compiled: bool = False) -> torch.Tensor:
+    """Q(W) - W of the linear's weight (N, K) fp32 as its fprop quantizes it (blocked along K)."""
+    w = lin.weight.detach().float()
+    if fmt == "bf16":
+        return torch.zeros_like(w)
+    return quantize(w, fmt, Operand.WEIGHT, generator=generator, amax_reduce=lin.amax_reduce, compiled=compiled) - w
 
 
 def operand_error(lin: PrecisionLinear, x_tk: torch.Tensor, w_nk: torch.Tensor, fmt: str, which: str, *,
@@ -457,6 +534,19 @@ def _add_adam_norms(optimizer: torch.optim.Optimizer, param: torch.Tensor, s: di
     if "exp_avg" in state:
         s["sq_m"] = float(state["exp_avg"].pow(2).sum())
         s["sq_v"] = float(state["exp_avg_sq"].pow(2).sum())
+
+
+def _add_momentum_first_order(optimizer: torch.optim.Optimizer, param: torch.Tensor,
+                              errors_w: Mapping[str, torch.Tensor], s: dict[str, Any]) -> None:
+    """pf["m_dot_ew"] = <m̂, Q(W)-W> per format: the weight error's first-order loss change with the
+    expected gradient estimated by AdamW's bias-corrected first moment (0 before the first step)."""
+    state = _adam_state(optimizer, param)
+    if "exp_avg" not in state:
+        return
+    group = next(g for g in optimizer.param_groups if any(p is param for p in g["params"]))
+    m_hat = state["exp_avg"].float() / (1.0 - group["betas"][0] ** float(state["step"]))
+    for f, e_w in errors_w.items():
+        s["per_format"][f]["m_dot_ew"] = float((m_hat * e_w).sum())
 
 
 def harshest_format(formats: tuple[str, ...], sums: Mapping[str, Mapping[str, Any]]) -> str:

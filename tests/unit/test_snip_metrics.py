@@ -101,6 +101,101 @@ def test_curvature_is_exact_for_quadratic_loss():
     assert curvature(snap["linears"]["0.fc2"]) == pytest.approx(C, rel=1e-4)
 
 
+class Bf16QuadraticTrainer(QuadraticTrainer):
+    """The stand-in under bf16 autocast, as training runs on a GPU: Y comes out in bf16 and the
+    loss L = c/2·‖Y‖² is taken in fp32. With c a power of two, G = c·Y is exact in bf16, so a
+    perturbation δ of Y changes G by exactly c·δ: the curvature along the perturbation made is c."""
+
+    C_POW2 = 4.0
+
+    def forward_loss(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = self.model(x)
+        return 0.5 * self.C_POW2 * y.float().pow(2).sum()
+
+
+def test_curvature_under_bf16_prices_the_perturbation_it_made():
+    """#22 item 8: under autocast the forward noise ε (fp32) is rounded with Y into bf16, so Y moves by
+    δ ≠ ε. The Hutchinson sums must pair the gradient change c·δ with δ itself; summing ⟨ε, c·δ⟩/‖ε‖²
+    (what the pass did before) misses c by the rounding's share. With c a power of two every product
+    and partial sum of the numerator is exactly c times the denominator's (fp32 and fp64 rounding
+    commute with scaling by 2^k), so κ = c up to fp64 rounding of the final division."""
+    tr = Bf16QuadraticTrainer()
+    snap = collect(tr, ("fp8",), [torch.randn(T, K), torch.randn(T, K)])
+    assert snap["linears"]["0.fc2"]["curv_den"] > 0
+    assert curvature(snap["linears"]["0.fc2"]) == pytest.approx(tr.C_POW2, rel=1e-12)
+
+
+def test_forward_noise_pass_reports_the_perturbation_bf16_made():
+    """Noise below half a bf16 ulp of Y vanishes in the sum: the pass reports δ = 0 there, and
+    elsewhere δ is ε rounded with Y, bit-exactly what Y moved by."""
+    tr = Bf16QuadraticTrainer()
+    x = torch.randn(T, K)
+    collector = StatsCollector(ProbeConfig(formats=("fp8",)))
+    g0, none = collector.noisy_output_grads(tr, x, None)
+    assert none == {}
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        y = tr.model(x)
+    eps = torch.randn(T, N) * float(y.float().abs().mean()) * 2.0**-8  # about a bf16 ulp of Y
+    g, delta = collector.noisy_output_grads(tr, x, {"0.fc2": eps})
+    expected = (y + eps.to(torch.bfloat16)).double() - y.double()
+    assert torch.equal(delta["0.fc2"], expected.float())
+    assert (delta["0.fc2"] == 0).any() and not torch.equal(delta["0.fc2"], eps)
+    assert torch.equal(g["0.fc2"] - g0["0.fc2"], tr.C_POW2 * delta["0.fc2"])
+
+
+class AnisotropicTrainer(QuadraticTrainer):
+    """L = ½ Σ_t Σ_j c_j (Y_tj − (X·Aᵀ)_tj)²: the Hessian in Y is diag(c) per token, with c spread
+    over two decades and growing with the row norm of W, so the quantization error (larger in the
+    columns of larger W rows) lies along the high-curvature columns, not isotropically."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        scale = torch.logspace(-1, 1, N)  # row j of W and c_j grow together
+        with torch.no_grad():
+            self.model.lins[0].weight.mul_(scale.sqrt()[:, None])
+        self.c = scale
+
+    def forward_loss(self, x):
+        y = self.model(x)
+        return 0.5 * ((y - x @ self.target_map.t()).pow(2) * self.c).sum()
+
+
+@pytest.mark.parametrize("noise", ["gaussian", "error"])
+def test_error_direction_curvature_prices_the_error_exactly(noise):
+    """With the noise along the harshest format's own error (curvature_noise="error"), κ·‖e‖² is
+    eᵀHe, so first- plus second-order terms reproduce that format's true loss change of a quadratic
+    loss exactly (up to fp32 rounding of the sums, ~1e-6 relative); isotropic noise measures the mean
+    of c instead, which misprices an error concentrated in the high-curvature columns."""
+    tr = AnisotropicTrainer()
+    x = torch.randn(T, K)
+    snap = StatsCollector(ProbeConfig(formats=("fp8", "nvfp4"), noise_draws=2, curvature_noise=noise)).collect(
+        tr, [x], step=1)
+    s, pf = snap["linears"]["0.fc2"], snap["linears"]["0.fc2"]["per_format"]["nvfp4"]
+    predicted = pf["grad_dot_ey"] + 0.5 * curvature(s) * pf["sq_ey"]
+    lin = tr.model.lins[0]
+    with torch.no_grad():
+        base = float(tr.forward_loss(x))
+        lin.set_precision(GemmPrecision(fprop="nvfp4"))
+        true = float(tr.forward_loss(x)) - base
+    if noise == "error":
+        assert predicted == pytest.approx(true, rel=1e-4)
+    else:  # the isotropic estimate is off by far more than its sampling noise here
+        assert abs(predicted - true) > 0.1 * abs(true - pf["grad_dot_ey"])
+
+
+def test_probe_config_and_snip_config_reject_unknown_estimator_modes():
+    from megatron_snip.config import load_config
+
+    with pytest.raises(ValueError, match="curvature_noise"):
+        ProbeConfig(formats=("fp8",), curvature_noise="uniform")
+    with pytest.raises(ValueError, match="loss_first_order"):
+        ProbeConfig(formats=("fp8",), loss_first_order="none")
+    for key in ("curvature_noise", "loss_first_order"):
+        with pytest.raises(ValueError, match=f"snip.{key}='x'"):
+            load_config("launch/configs/tiny.toml", [f'snip.{key}="x"'])
+
+
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp4", "nvfp4"])
 def test_taylor_terms_reproduce_true_loss_change(fmt):
     tr = QuadraticTrainer()
@@ -135,6 +230,26 @@ def test_wgrad_weight_divergence_matches_hand_computed_adam_error():
     assert linear_divergences(snap)["0.fc2"]["fp8"].weight_wgrad == pytest.approx(expected, rel=1e-4)
 
 
+def test_weight_error_first_order_sums_match_hand_computed():
+    """grad_dot_ew = Σ_b <G_bᵀX_b, Q(W) − W> (the weight error's part of <G, e_Y>) and m_dot_ew =
+    <m̂, Q(W) − W> with AdamW's bias-corrected first moment; fp32 sums of 1024 products, rel 1e-4."""
+    tr = QuadraticTrainer()
+    tr.set_adam_state(v_hat=0.04, step=10)
+    lin = tr.model.lins[0]
+    m = torch.randn_like(lin.weight)
+    tr.optimizer.state[lin.weight]["exp_avg"] = m.clone()
+    batches = [torch.randn(T, K), torch.randn(T, K)]
+    snap = collect(tr, ("fp8", "nvfp4"), batches)
+    w = lin.weight.detach()
+    beta1 = tr.optimizer.param_groups[0]["betas"][0]
+    for fmt in ("fp8", "nvfp4"):
+        e_w = quantize(w, fmt, Operand.WEIGHT) - w
+        grad = sum((C * (x @ w.t() - x @ tr.target_map.t())).t() @ x for x in batches)
+        pf = snap["linears"]["0.fc2"]["per_format"][fmt]
+        assert pf["grad_dot_ew"] == pytest.approx(float((grad * e_w).sum()), rel=1e-4)
+        assert pf["m_dot_ew"] == pytest.approx(float((m / (1 - beta1**10) * e_w).sum()), rel=1e-4)
+
+
 def test_propagation_gain_matches_jacobian_norm():
     tr = QuadraticTrainer(two=True)
     tr.set_adam_state(v_hat=(1 - 1e-8) ** 2)  # √v̂ + eps == 1: no preconditioning
@@ -161,6 +276,33 @@ def test_normalized_costs_and_baseline_costs():
     rel = relative_error_costs(snap)
     assert all(c["bf16"] == 0.0 and c["nvfp4"] > c["fp8"] > 0 for c in rel.values())
     assert snap["linears"]["0.fc1"]["per_format"]["nvfp4"]["sq_qerr_w"] > 0
+
+
+@pytest.mark.parametrize("mode", ["signed", "momentum"])
+def test_signed_loss_divergence_keeps_costs_non_negative_and_their_differences(mode):
+    """A signed first-order term can make ΔL negative; the fprop costs are shifted per GEMM so that
+    they are >= 0 for the ILP, with the differences between formats (what the ILP trades) intact."""
+    tr = QuadraticTrainer(two=True)
+    tr.set_adam_state(v_hat=0.01)
+    snap = StatsCollector(ProbeConfig(formats=("fp8", "nvfp4"), noise_draws=1, loss_first_order=mode)).collect(
+        tr, [torch.randn(T, K)], step=1)
+    assert snap["loss_first_order"] == mode
+    div = linear_divergences(snap)
+    pf = snap["linears"]["0.fc2"]["per_format"]["nvfp4"]
+    first = pf["grad_dot_ey"] if mode == "signed" else pf["m_dot_ew"] + pf["grad_dot_ey"] - pf["grad_dot_ew"]
+    assert div["0.fc2"]["nvfp4"].loss_first_order == pytest.approx(first, rel=1e-12)
+    # make one linear's ΔL negative in both formats, as a systematic first-order gain does
+    for f in ("fp8", "nvfp4"):
+        p = snap["linears"]["0.fc1"]["per_format"][f]
+        p["grad_dot_ey"] = p["grad_dot_ew"] = p["m_dot_ew"] = -1e3 * (1 + p["sq_ey"])
+    div = linear_divergences(snap)
+    assert div["0.fc1"]["nvfp4"].loss < 0 and div["0.fc1"]["fp8"].loss < 0
+    costs = snip_costs(snap)
+    zl = sum(abs(div[k]["nvfp4"].loss) for k in div)
+    for key, layer_linear in (("0.fc1", "fc1"), ("0.fc2", "fc2")):
+        c = costs[GemmId(0, layer_linear, "fprop")]
+        assert min(c.values()) >= 0.0
+        assert c["nvfp4"] - c["fp8"] == pytest.approx((div[key]["nvfp4"].loss - div[key]["fp8"].loss) / zl, rel=1e-9)
 
 
 def test_errors_only_collection_matches_the_full_one_and_is_refused_by_snip():
