@@ -23,6 +23,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+TINY = "launch/configs/tiny.toml"
+# A 2-layer d=64 model on tiny.toml with 2 x 4 micro-batches a step: what the multi-rank
+# training tests (HF import, resume at a new layout, preemption) train.
+SMALL_MULTI_RANK = [
+    "precision.compile_quantizers=false", "model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=64",
+    "model.num_attention_heads=4", "model.num_kv_heads=2", "training.seq_len=32", "training.micro_batch_size=2",
+    "training.global_batch_size=8", "training.warmup_steps=1", "training.eval_batches=1",
+    "training.eval_interval=1000", "training.log_interval=1", "training.progress=false", "snip.enabled=false",
+    "data.valid_paths=[]",
+]
 
 def free_port() -> int:
     with socket.socket() as s:

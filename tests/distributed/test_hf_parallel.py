@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dist_harness import run_ranks
+from dist_harness import SMALL_MULTI_RANK, TINY, run_ranks
 
 from megatron_snip.config import load_config
 from megatron_snip.training import reshard
@@ -25,17 +25,10 @@ transformers = pytest.importorskip("transformers")
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
-import make_tiny_hf  # noqa: E402
+import make_tiny_hf
 
-TINY = "launch/configs/tiny.toml"
 VOCAB = 128
-BASE = [
-    "precision.compile_quantizers=false", "model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=64",
-    "model.num_attention_heads=4", "model.num_kv_heads=2", "training.seq_len=32", "training.micro_batch_size=2",
-    "training.global_batch_size=8", "training.warmup_steps=1", "training.eval_batches=1",
-    "training.eval_interval=1000", "training.log_interval=1", "training.progress=false", "snip.enabled=false",
-    "data.valid_paths=[]",
-]
+BASE = SMALL_MULTI_RANK
 
 
 def _hf_logits_worker(rank: int, world: int, hf_dir: str, tokens: torch.Tensor) -> torch.Tensor | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import signal
 
-from dist_harness import run_ranks
+from dist_harness import SMALL_MULTI_RANK, TINY, run_ranks
 
 from megatron_snip.config import load_config
 from megatron_snip.parallel.distributed import init_distributed
@@ -15,14 +15,7 @@ from megatron_snip.training import checkpoint as ckpt
 from megatron_snip.training.preemption import TrainingPreempted
 from megatron_snip.training.trainer import Trainer
 
-TINY = "launch/configs/tiny.toml"
-BASE = [
-    "precision.compile_quantizers=false", "model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=64",
-    "model.num_attention_heads=4", "model.num_kv_heads=2", "training.seq_len=32", "training.micro_batch_size=2",
-    "training.global_batch_size=8", "training.warmup_steps=1", "training.eval_batches=1",
-    "training.eval_interval=1000", "training.log_interval=3", "training.save_interval=0", "training.max_steps=9",
-    "training.progress=false", "snip.enabled=false", "data.valid_paths=[]",
-]
+BASE = [*SMALL_MULTI_RANK, "training.log_interval=3", "training.save_interval=0", "training.max_steps=9"]
 
 
 def _worker(rank: int, world: int, overrides: list[str]) -> dict:

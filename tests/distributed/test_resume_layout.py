@@ -10,7 +10,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from dist_harness import run_ranks
+from dist_harness import SMALL_MULTI_RANK, TINY, run_ranks
 
 from megatron_snip.config import load_config
 from megatron_snip.training.trainer import Trainer
@@ -19,14 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
 import reshard_checkpoint
 
-TINY = "launch/configs/tiny.toml"
-BASE = [
-    "precision.compile_quantizers=false", "model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=64",
-    "model.num_attention_heads=4", "model.num_kv_heads=2", "training.seq_len=32", "training.micro_batch_size=2",
-    "training.global_batch_size=8", "training.warmup_steps=1", "training.eval_batches=1",
-    "training.eval_interval=1000", "training.log_interval=1", "training.progress=false", "snip.enabled=false",
-    "data.valid_paths=[]",
-]
+BASE = SMALL_MULTI_RANK
 
 
 def _resume_worker(rank: int, world: int, overrides: list[str], steps: int) -> list[float]:

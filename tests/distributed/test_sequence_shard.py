@@ -17,8 +17,8 @@ import pytest
 import torch
 from dist_harness import run_ranks
 
-import megatron_snip.parallel.sequence_shard as sequence_shard
 from megatron_snip.config import load_config
+from megatron_snip.parallel import sequence_shard
 from megatron_snip.parallel.distributed import init_distributed
 from megatron_snip.sizing import activation_bytes
 from megatron_snip.training.trainer import Trainer

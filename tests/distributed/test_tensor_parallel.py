@@ -26,7 +26,6 @@ Tolerances (fp32, explained):
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from dist_harness import run_ranks

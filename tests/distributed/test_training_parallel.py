@@ -26,9 +26,9 @@ from quantization_noise import MAX_RATIO, drift_ratio
 
 from megatron_snip.config import load_config
 from megatron_snip.model.layers import shard_state_dict
+from megatron_snip.model.shapes import linear_numel, model_linear_shapes
 from megatron_snip.parallel.distributed import init_distributed
 from megatron_snip.precision.plan import PrecisionPlan, all_gemm_ids
-from megatron_snip.model.shapes import linear_numel, model_linear_shapes
 from megatron_snip.training.trainer import Trainer
 
 TINY = "launch/configs/tiny.toml"
