@@ -132,6 +132,31 @@ class PrecisionConfig:
             raise _err("precision.initial_plan", self.initial_plan, "use 'bf16', 'uniform:<format>' or a plan JSON path")
 
 
+SNIP_TARGETS = ("fp4_share", "gemm_time", "both")  # snip.target
+
+
+def parse_time_costs(entries: tuple[str, ...]) -> dict[str, float]:
+    """``snip.time_costs`` (``["bf16=1", "fp8=0.5"]``) as {format: relative GEMM time per FLOP}; {} if empty.
+    ValueError naming the field unless each entry is ``<known format>=<positive number>``, bf16 among them."""
+    from megatron_snip.precision.formats import FORMATS
+
+    out: dict[str, float] = {}
+    for e in entries:
+        fmt, sep, val = str(e).partition("=")
+        fmt = fmt.strip()
+        try:
+            t = float(val)
+        except ValueError:
+            t = math.nan
+        if not sep or fmt not in FORMATS or not (0 < t < math.inf) or fmt in out:
+            raise _err("snip.time_costs", list(entries), f"entry {e!r} must be '<format>=<positive number>' with a "
+                       f"distinct format from {sorted(FORMATS)}, e.g. [\"bf16=1\", \"fp8=0.5\"]")
+        out[fmt] = t
+    if out and "bf16" not in out:
+        raise _err("snip.time_costs", list(entries), "must include 'bf16=<ratio>', the reference of time_budget")
+    return out
+
+
 @dataclass(frozen=True)
 class SnipConfig:
     """Adaptive precision: when and how to re-plan (see docs/snip.md)."""
@@ -156,9 +181,23 @@ class SnipConfig:
     # above fp4_target, per pipeline stage, instead of wherever their rule puts them (layer_type's
     # rule alone gives 0.667 at 0.5): what a fair comparison at equal FP4 share needs.
     fair_share: bool = False
+    # Efficiency target (docs/snip.md, "Targets"): "fp4_share" (at least fp4_target of the linear FLOPs
+    # in an FP4 format), "gemm_time" (modeled linear-GEMM time at most time_budget x the same GEMMs in
+    # BF16 on the target GPU; fp4_target is then not used) or "both". Every policy takes the same target.
+    target: str = "fp4_share"
+    time_budget: float = 1.0  # gemm_time: e.g. 0.6 = at most 60% of the BF16 GEMM time
+    # Relative GEMM time per FLOP as "format=ratio" entries, e.g. ["bf16=1", "fp8=0.5"]; empty: from the
+    # GPU the run runs on and precision.backend (precision/capability.py, GEMM_TIME_RATIO). Set it for
+    # a device you measured, or to model a GPU from a CPU run.
+    time_costs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _finite("snip", self)
+        if self.target not in SNIP_TARGETS:
+            raise _err("snip.target", self.target, f"choose one of {list(SNIP_TARGETS)}")
+        if not self.time_budget > 0:
+            raise _err("snip.time_budget", self.time_budget, "must be > 0 (a fraction of the BF16 GEMM time, e.g. 0.6)")
+        parse_time_costs(self.time_costs)  # ValueError naming the field
         if not 0.0 <= self.fp4_target <= 1.0:
             raise _err("snip.fp4_target", self.fp4_target, "must be a fraction in [0, 1] (e.g. 0.75)")
         if self.granularity not in ("layer", "gemm"):
@@ -365,7 +404,13 @@ class Config:
             raise _err("snip.propagation_sequences", self.snip.propagation_sequences,
                        f"exceeds the probe micro-batch ({probe_size} sequences, snip.probe_micro_batch_size or "
                        "training.micro_batch_size); lower it or enlarge the probe")
-        if self.snip.enabled and self.snip.fp4_target > 0:
+        costs = parse_time_costs(self.snip.time_costs)
+        if self.snip.enabled and costs and self.snip.target != "fp4_share":
+            missing = [f for f in self.snip.formats if f not in costs]
+            if missing:
+                raise _err("snip.time_costs", list(self.snip.time_costs),
+                           f"has no entry for the candidate(s) {missing} of snip.formats; add '<format>=<ratio>'")
+        if self.snip.enabled and self.snip.fp4_target > 0 and self.snip.target != "gemm_time":
             from megatron_snip.precision.formats import FP4_FORMATS
 
             if not any(f in FP4_FORMATS for f in self.snip.formats):

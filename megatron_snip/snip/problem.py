@@ -262,6 +262,25 @@ def _dec(x: float) -> Fraction:
     return Fraction(repr(float(x)))
 
 
+def time_ints(time_cost: Mapping[str, float], names: Iterable[str]) -> dict[str, int]:
+    """The time costs of ``names`` as integers on one common scale (the lcm of their decimal
+    denominators; a 1e-6 grid past that, see the module docstring). The exact form the ILP's
+    time cap and the static policies' budget check both use."""
+    fr = {f: _dec(time_cost[f]) for f in dict.fromkeys(names)}
+    denom = reduce(math.lcm, (x.denominator for x in fr.values()))
+    if denom > _TIME_GRID:  # documented approximation: round to a 1e-6 grid
+        fr = {f: Fraction(round(x * _TIME_GRID), _TIME_GRID) for f, x in fr.items()}
+        denom = _TIME_GRID
+    return {f: int(x * denom) for f, x in fr.items()}
+
+
+def time_cap(time_budget: float, t_bf16: int, weight: int) -> int:
+    """Largest integer sum of w*t (``time_ints`` scale) within ``time_budget`` x the BF16 time of
+    FLOP weight ``weight``: floor(B * t_bf16 * weight), B read as the decimal it prints as, so
+    ``sum <= time_cap`` holds exactly in rational arithmetic."""
+    return math.floor(_dec(time_budget) * t_bf16 * weight)
+
+
 def _constraints(p: Problem) -> _Constraints:
     gcd = reduce(math.gcd, (u.flops for u in p.units))
     weight = tuple(u.flops // gcd for u in p.units)
@@ -276,19 +295,12 @@ def _constraints(p: Problem) -> _Constraints:
     time_int = time_rhs = time_ref = None
     stage_time: dict[int, int] = {}
     if p.time_cost is not None:
-        names = (*p.formats, "bf16")
-        fr = {f: _dec(p.time_cost[f]) for f in names}
-        denom = reduce(math.lcm, (x.denominator for x in fr.values()))
-        if denom > _TIME_GRID:  # documented approximation: round to a 1e-6 grid
-            fr = {f: Fraction(round(x * _TIME_GRID), _TIME_GRID) for f, x in fr.items()}
-            denom = _TIME_GRID
-        t = {f: int(x * denom) for f, x in fr.items()}
+        t = time_ints(p.time_cost, (*p.formats, "bf16"))
         time_int = tuple(max(t[f], 1) for f in p.formats)
         time_ref = t["bf16"]
-        budget = _dec(p.time_budget)
 
         def cap(ws: Iterable[int]) -> int:
-            return math.floor(budget * t["bf16"] * sum(ws))
+            return time_cap(p.time_budget, t["bf16"], sum(ws))
 
         time_rhs = cap(weight)
         if p.per_stage:
@@ -408,4 +420,6 @@ __all__ = [
     "check_formats",
     "check_problem",
     "check_share",
+    "time_cap",
+    "time_ints",
 ]
