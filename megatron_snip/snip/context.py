@@ -130,13 +130,14 @@ class PlanContext:
     @property
     def fp4_format(self) -> str:
         """The fast candidate of the static policies: the first FP4 candidate; without one, under a
-        time budget, the fastest other candidate (the first listed among equals)."""
+        time budget, the fastest other candidate (the first listed among equals; the high-precision
+        one when it is the only candidate)."""
         for f in self.candidates:
             if f in FP4_FORMATS:
                 return f
         others = [f for f in self.candidates if f != self.high_format]
-        if self.time_cost is not None and others:
-            return min(others, key=lambda f: self.time_cost[f])
+        if self.time_cost is not None:  # a lone candidate is both (every GEMM in it)
+            return min(others, key=lambda f: self.time_cost[f]) if others else self.high_format
         raise problem.InfeasibleError(
             f"this policy puts GEMMs in FP4 but no FP4 format is among formats={list(self.formats)}; "
             f"add one of {sorted(FP4_FORMATS)}"

@@ -20,6 +20,8 @@ NORMS_PER_BLOCK = 2 * 8192
 LLAMA2_70B_PARAMS = 68_976_648_192  # the published count (Touvron et al. 2023, HF config)
 TOKENS_PER_STEP = 1024 * 4096
 TE = ["precision.backend=te"]
+# The Blackwell candidate set (the shipped 70B config targets Hopper: bf16 + fp8_block under a time budget).
+FP4_SET = ['snip.target="fp4_share"', "snip.fp4_target=0.75", 'snip.formats=["fp8", "nvfp4"]']
 
 
 @pytest.fixture(autouse=True)
@@ -30,7 +32,7 @@ def _default_gpu(monkeypatch):
 @pytest.fixture(scope="module")
 def s70():
     # With Transformer Engine: these tests check its support table (the shipped config runs "torch").
-    return sizing.estimate(load_config(CFG_70B, TE), 64)
+    return sizing.estimate(load_config(CFG_70B, TE + FP4_SET), 64)
 
 
 def test_70b_layout_and_parameter_count(s70):
@@ -111,7 +113,7 @@ def test_70b_snip_problem_and_gpu_support(s70):
     assert s70.support["fp8"][0] and s70.support["bf16"][0]
     ok, why = s70.support["nvfp4"]
     assert not ok and "Blackwell" in why and "emulated" in why
-    b200 = sizing.estimate(load_config(CFG_70B, TE), 64, gpu="b200")
+    b200 = sizing.estimate(load_config(CFG_70B, TE + FP4_SET), 64, gpu="b200")
     assert all(ok for ok, _ in b200.support.values())
 
 
@@ -128,7 +130,8 @@ def test_dry_run_cli_prints_report_without_process_group(capsys):
 
     from megatron_snip.train import main
 
-    assert main(["--config", CFG_70B, "--dry-run", "--world-size", "64", "--set", TE[0]]) == 0
+    assert main(["--config", CFG_70B, "--dry-run", "--world-size", "64", "--set", TE[0],
+                 *(a for ov in FP4_SET for a in ("--set", ov))]) == 0
     out = capsys.readouterr().out
     for text in ("68,976,648,192", "TP 8 x PP 8 x DP 1", "10 blocks per stage", "640 Booleans", "329 constraints",
                  "nvfp4     NO"):
