@@ -235,11 +235,19 @@ def protocol_section(results: Sequence[dict], p: Protocol, all_records: Sequence
          f"training tokens per run{' after the base run' if p.continued else ''} (byte-level tokenizer: "
          f"`{cfg.data.tokenizer}`), lr {t.lr:g} ({t.lr_schedule})."),
         (f"- Every run starts in BF16; the policy is applied at step {p.warmup} and re-planned every {p.interval} "
-         f"steps (static policies give the same plan each time). FP4 target (share of linear-layer FLOPs in FP4) "
-         f"for every policy that takes one, per candidate format set: {targets}. "
-         f"`bf16` and `uniform:*` do not depend on the candidates and run once per seed."),
+         f"steps (static policies give the same plan each time). "
+         + (f"**GEMM-time target** (`snip.target=\"gemm_time\"`, `snip.time_costs` {list(p.time_costs)}: the "
+            f"modeled GPU's linear-GEMM time per FLOP relative to BF16): the *rho* column is the budget, the plan's "
+            f"modeled linear-GEMM time over the same GEMMs in BF16, for every policy that takes one, per candidate "
+            f"format set: {targets}; `uniform:*` and `bf16` are references at their own time (uniform:fp8 = 0.5). "
+            if p.target == "gemm_time" else
+            f"FP4 target (share of linear-layer FLOPs in FP4) for every policy that takes one, per candidate "
+            f"format set: {targets}. ")
+         + "`bf16` and `uniform:*` do not depend on the candidates and run once per seed."),
         *([("- Fair baselines (`snip.fair_share=true`): the static rules are orders of protection, so every "
-            "policy runs the same FP4 share within one decision unit (the FP4 share column).")]
+            + ("policy runs the same GEMM-time budget within one decision unit."
+               if p.target == "gemm_time" else "policy runs the same FP4 share within one decision unit (the FP4 "
+                                               "share column)."))]
           if cfg.snip.fair_share else []),
         (f"- Seeds {', '.join(map(str, p.seeds))} (`training.seed`: init, data order and which training "
          f"documents are held out for `val_loss`; `snip.seed` = the same seed)."),
