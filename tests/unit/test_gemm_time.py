@@ -220,3 +220,17 @@ def test_dry_run_warns_when_a_plan_is_slower_than_bf16():
     text = dry_run_report(cfg, 64, "h100")
     assert "at best 1.25 of BF16 GEMM time" in text and "at least 75% of linear FLOPs emulated" in text
     assert "WARNING: this plan would run SLOWER than BF16 on H100 (1.25x)" in text
+
+
+def test_gpu_time_ratios_script_smoke(capsys):
+    """scripts/gpu_time_ratios.py (the device check of the table) runs end to end on CPU toy shapes."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "scripts" / "gpu_time_ratios.py"
+    spec = importlib.util.spec_from_file_location("gpu_time_ratios", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--smoke", "--reps", "1", "--formats", "fp8"]) == 0
+    out = capsys.readouterr().out
+    assert "bf16       measured  1.00   table 1" in out and "fp8        measured" in out and "table 0.5" in out
