@@ -56,7 +56,8 @@ def gemm_time_lines(cfg: Config, s: Sizing) -> list[str]:
             best = (sum(w * min(costs[f] for f in allowed if f in usable) for w, allowed in kinds)
                     / (sum(w for w, _ in kinds) * costs["bf16"]))
     emulated = rho * (fast4 in slow) + (1 - rho) * (fast_all in slow)
-    what = [f"FP4 share >= {rho:g}"] * (sn.target != "gemm_time") + [f"GEMM time <= {sn.time_budget:g}"] * (sn.target != "fp4_share")
+    what = ([f"FP4 share >= {rho:g}"] * (sn.target != "gemm_time")
+            + [f"GEMM time <= {sn.time_budget:g}"] * (sn.target != "fp4_share"))
     line = f"  SNIP target {' and '.join(what)} with {list(sn.formats)}: "
     if sn.target == "fp4_share":
         line += (f"at best {best:.3g} of BF16 GEMM time ({rho:g} in {fast4}, the rest in {fast_all}), "

@@ -1,8 +1,10 @@
 """Precision policies: SNIP and the baselines it is compared against, behind one interface.
 
 Every policy turns a spec string plus a ``PlanContext`` into a ``PrecisionPlan`` at
-the same FP4 FLOP-share target rho (``ctx.fp4_target``), so runs differ only in
-*which* GEMMs go to FP4:
+the same target - the FP4 FLOP share rho (``ctx.fp4_target``) and/or a GEMM-time budget
+(``ctx.time_budget``, see ``snip/context.py``) - so runs differ only in *which* GEMMs go to
+the fast format. Below, "FP4" and "rho" read "the fast candidate" and "the targets" under a time
+budget (e.g. candidates ``["bf16", "fp8"]``: FP8 is the fast one):
 
 ==================  =====================================================================
 spec                plan
@@ -37,9 +39,12 @@ rho, like the ILP policies, and a comparison runs every policy at the same share
 ``snip``            the SNIP ILP with the SNIP costs passed in; needs ``costs``
 ==================  =====================================================================
 
-The *high-precision candidate* is the non-FP4 format among ``ctx.formats`` (if several,
+The *high-precision candidate* is the non-FP4 format among ``ctx.candidates`` (if several,
 ``bf16`` when listed, else the first listed; ``bf16`` when there is none). The *FP4
-candidate* for static policies is the first FP4 format listed in ``ctx.formats``.
+candidate* for static policies is the first FP4 format listed in ``ctx.candidates`` (without one,
+under a time budget, the fastest other candidate). The static rules live in ``snip/rules.py``.
+Under a time budget every plan records ``gemm_time_ratio``; ``uniform`` and ``bf16`` report it
+and are not held to the budget.
 Static policies target the global share; only the ILP policies and ``random`` also
 honour it per pipeline stage.
 
@@ -264,7 +269,8 @@ def _make_uniform(ps: PolicySpec, ctx: PlanContext, costs: Costs | None,
                   previous: PrecisionPlan | None) -> PrecisionPlan:
     assert ps.format is not None
     # A reference, not held to the targets: under a time target the plan reports its GEMM-time ratio.
-    return _static_plan(ps, ctx, uniform_entries(ctx, ps.format), **({} if ps.format in FP4_FORMATS else {"note": _EXEMPT}))
+    note = {} if ps.format in FP4_FORMATS else {"note": _EXEMPT}
+    return _static_plan(ps, ctx, uniform_entries(ctx, ps.format), **note)
 
 
 def _make_bf16_ends(ps: PolicySpec, ctx: PlanContext, costs: Costs | None,

@@ -37,7 +37,8 @@ class Targets:
 
     def time_cap(self, gemms: Iterable[GemmId]) -> int:
         assert self.t is not None and self.ctx.time_budget is not None
-        return problem.time_cap(self.ctx.time_budget, self.t["bf16"], sum(self.ctx.linear_numel[g.linear] for g in gemms))
+        weight = sum(self.ctx.linear_numel[g.linear] for g in gemms)
+        return problem.time_cap(self.ctx.time_budget, self.t["bf16"], weight)
 
     def meets(self, entries: Mapping[GemmId, str]) -> bool:
         """FP4 share >= rho and (with a budget) GEMM time <= budget over ``entries``' GEMMs."""
