@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"preempted: {e}", flush=True)
         return EXIT_PREEMPTED
     except RuntimeError as e:
+        # gloo raises a failed collective here; on NCCL a timeout never arrives as an exception
+        # (torch's NCCL watchdog ends the process), so there the heartbeat alone names a hung rank.
         if not is_collective_failure(e):
             raise
         if heartbeat is not None:

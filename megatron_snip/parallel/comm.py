@@ -25,6 +25,12 @@ so model and SNIP code call them unconditionally.
 
 Tensors are batch-first (B, S, D), so the sequence dim is 1. Gloo cannot carry FP8 dtypes
 ("Invalid scalar type"); gathers, broadcasts and p2p send them as ``uint8`` views.
+
+Device rule (checked): every tensor handed to a collective or p2p op lives on its group's device,
+``group_device(group)`` - the GPU ``init_distributed`` bound the group to on NCCL, the CPU on gloo.
+NCCL refuses CPU tensors, gloo does not, so a tensor built from a default device (a bare
+``torch.tensor(...)``) passes every CPU test and fails at its first NCCL call; here it fails on
+gloo too. Build such tensors with ``device=topo.device``.
 """
 
 from __future__ import annotations
@@ -60,6 +66,32 @@ def _active(group: Any) -> bool:
     return group_size(group) > 1
 
 
+def group_device(group: Any) -> torch.device:
+    """The device of this rank's tensors in every collective on ``group`` (two or more ranks).
+
+    NCCL: the GPU the group is bound to - ``init_distributed`` passes ``device_id`` to
+    ``init_process_group``, which binds the default group and every subgroup to this rank's GPU.
+    Gloo: the CPU. Never the current or default device, which is what a stray tensor follows."""
+    bound = getattr(group, "bound_device_id", None)
+    if bound is not None:
+        return bound
+    backend = dist.get_backend(group)
+    if backend == "gloo":
+        return torch.device("cpu")
+    raise RuntimeError(f"a {backend!r} process group that is not bound to a device; start torch.distributed with "
+                       f"parallel.distributed.init_distributed (it binds every group to this rank's GPU)")
+
+
+def check_device(t: torch.Tensor, group: Any, op: str) -> torch.Tensor:
+    """``t`` if it lives on ``group``'s device (``group_device``), else a RuntimeError naming ``op``,
+    both devices and the fix. Every helper here checks before it communicates; ddp.py too."""
+    want = group_device(group)
+    if t.device != want:
+        raise RuntimeError(f"{op}: a tensor on {t.device} handed to a collective whose group runs on {want}; "
+                           f"create it on the topology's device (device=topo.device), not the default one")
+    return t
+
+
 def _wire(t: torch.Tensor) -> torch.Tensor:
     """A view gloo/NCCL can move: FP8 tensors travel as uint8 (same bytes)."""
     return t.view(torch.uint8) if t.dtype in _FP8_DTYPES else t
@@ -69,14 +101,14 @@ def _wire(t: torch.Tensor) -> torch.Tensor:
 def all_reduce_sum(t: torch.Tensor, group: Any) -> torch.Tensor:
     """In-place sum over ``group``; returns ``t``."""
     if _active(group):
-        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+        dist.all_reduce(check_device(t, group, "all_reduce_sum"), op=dist.ReduceOp.SUM, group=group)
     return t
 
 
 def all_reduce_max(t: torch.Tensor, group: Any) -> torch.Tensor:
     """In-place elementwise max over ``group``; returns ``t``."""
     if _active(group):
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        dist.all_reduce(check_device(t, group, "all_reduce_max"), op=dist.ReduceOp.MAX, group=group)
     return t
 
 
@@ -84,7 +116,7 @@ def all_reduce_mean(t: torch.Tensor, group: Any) -> torch.Tensor:
     """In-place mean over ``group``; returns ``t``."""
     n = group_size(group)
     if n > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+        dist.all_reduce(check_device(t, group, "all_reduce_mean"), op=dist.ReduceOp.SUM, group=group)
         t.div_(n)
     return t
 
@@ -92,21 +124,24 @@ def all_reduce_mean(t: torch.Tensor, group: Any) -> torch.Tensor:
 def broadcast_tensor(t: torch.Tensor, src: int, group: Any) -> torch.Tensor:
     """In-place broadcast of ``t`` from GLOBAL rank ``src`` to ``group``; returns ``t``."""
     if _active(group):
-        dist.broadcast(_wire(t), src=src, group=group)
+        dist.broadcast(_wire(check_device(t, group, "broadcast_tensor")), src=src, group=group)
     return t
 
 
 def broadcast_object(obj: Any, src: int, group: Any) -> Any:
-    """Picklable ``obj`` from GLOBAL rank ``src`` to every rank of ``group`` (returned everywhere)."""
+    """Picklable ``obj`` from GLOBAL rank ``src`` to every rank of ``group`` (returned everywhere);
+    the pickled bytes travel on the group's device."""
     if not _active(group):
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src, group=group)
+    dist.broadcast_object_list(box, src=src, group=group, device=group_device(group))
     return box[0]
 
 
 def all_gather_object(obj: Any, group: Any) -> list[Any]:
-    """List of every rank's ``obj`` in group-rank order (``[obj]`` without a group)."""
+    """List of every rank's ``obj`` in group-rank order (``[obj]`` without a group). torch moves the
+    pickled bytes to the current CUDA device on NCCL (no device argument): init_distributed sets it
+    to the group's device."""
     if not _active(group):
         return [obj]
     out: list[Any] = [None] * group_size(group)
@@ -115,9 +150,13 @@ def all_gather_object(obj: Any, group: Any) -> list[Any]:
 
 
 def barrier(group: Any) -> None:
-    """Wait for every rank of ``group`` (pass ``topo.world_group`` for all ranks); no-op for None."""
+    """Wait for every rank of ``group`` (pass ``topo.world_group`` for all ranks); no-op for None.
+
+    NCCL's barrier is an all-reduce of one element on some GPU: name it (``device_ids``), or torch
+    guesses from the current device; gloo takes no ``device_ids``."""
     if _active(group):
-        dist.barrier(group=group)
+        device = group_device(group)
+        dist.barrier(group=group, device_ids=[device.index] if device.type == "cuda" else None)
 
 
 def amax_reducer(group: Any) -> Callable[[torch.Tensor], torch.Tensor] | None:
@@ -141,17 +180,34 @@ def amax_reducer(group: Any) -> Callable[[torch.Tensor], torch.Tensor] | None:
 
 def exchange(sends: Sequence[tuple[torch.Tensor, int]], recvs: Sequence[tuple[torch.Tensor, int]],
              group: Any) -> None:
-    """Point-to-point: post every isend (tensor, GLOBAL dst) and irecv (buffer, GLOBAL src), then
-    wait for all. Posting both directions before waiting is what keeps 1F1B deadlock-free.
+    """Point-to-point: send each (tensor, GLOBAL dst) and receive into each (buffer, GLOBAL src) as
+    ONE ``batch_isend_irecv``, then wait for all. Every tensor lives on the group's device.
+
+    Why one batch: NCCL's send of a large message waits until the peer has posted the matching
+    receive, and a rank's ops to one peer run in posting order on one stream. In 1F1B's steady
+    state two neighbours exchange towards each other at the same time
+    (``send_forward_recv_backward`` meets ``send_backward_recv_forward``); posting "every isend,
+    then every irecv" makes each side's send wait for a receive queued behind the other side's
+    send: a deadlock that gloo, which buffers sends, never shows. A batch is one NCCL group call
+    (ncclGroupStart/End), whose ops progress together, so the order inside it does not matter.
+    Megatron's other remedy, even stages send first and odd stages receive first, needs the
+    parity right at every call site; the batch makes each call correct by itself (Megatron's
+    default too). Its contract: a group's first batched call must involve every rank of it (it
+    would create the group's communicator); ``init_distributed`` binds the groups to a device,
+    which creates every communicator eagerly at start-up, so no batch is ever first. On gloo the
+    batch is the same isends/irecvs one by one (gloo buffers sends).
+    (tests/unit/test_p2p_rendezvous.py runs 1F1B under a model of these NCCL semantics.)
 
     ``group`` holds this rank and its peers (the PP group); without one (None) there are no
     peers, so there must be nothing to send or receive."""
     if group is None:
         assert not sends and not recvs, "exchange: peers need a process group (None is no group)"
         return
-    works = [dist.isend(_wire(t.contiguous()), dst=dst, group=group) for t, dst in sends]
-    works += [dist.irecv(_wire(buf), src=src, group=group) for buf, src in recvs]
-    for w in works:
+    ops = [dist.P2POp(dist.isend, _wire(check_device(t, group, "exchange (send)").contiguous()), dst, group)
+           for t, dst in sends]
+    ops += [dist.P2POp(dist.irecv, _wire(check_device(buf, group, "exchange (recv)")), src, group)
+            for buf, src in recvs]
+    for w in dist.batch_isend_irecv(ops):
         w.wait()
 
 
@@ -171,7 +227,7 @@ class PendingGather:
     of its sequence of collectives on that group."""
 
     def __init__(self, x: torch.Tensor, dim: int, group: Any) -> None:
-        self._x = x.contiguous()  # kept alive until the collective has read it
+        self._x = check_device(x, group, "all-gather").contiguous()  # kept alive until the collective has read it
         self._parts = [torch.empty_like(self._x) for _ in range(group_size(group))]
         self._dim = dim
         self._work = dist.all_gather(self._parts, self._x, group=group, async_op=True)
@@ -191,7 +247,7 @@ def _reduce_scatter(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
     n = group_size(group)
     if x.shape[dim] % n:
         raise ValueError(f"cannot reduce-scatter dim {dim} of size {x.shape[dim]} over {n} ranks")
-    inputs = [c.contiguous() for c in x.chunk(n, dim=dim)]
+    inputs = [c.contiguous() for c in check_device(x, group, "reduce-scatter").chunk(n, dim=dim)]
     out = torch.empty_like(inputs[0])
     dist.reduce_scatter(out, inputs, op=dist.ReduceOp.SUM, group=group)
     return out
@@ -199,7 +255,7 @@ def _reduce_scatter(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
 
 def _all_reduce_copy(x: torch.Tensor, group: Any) -> torch.Tensor:
     # A copy, not in place: the input may be saved for another backward.
-    out = x.clone(memory_format=torch.contiguous_format)
+    out = check_device(x, group, "all-reduce").clone(memory_format=torch.contiguous_format)
     dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
     return out
 

@@ -98,7 +98,7 @@ def partition(tensors: list, key: Callable[[Any], Hashable], bucket_bytes: int) 
 def _start_all_reduce(grads: list[torch.Tensor], group: object) -> tuple[torch.Tensor, object]:
     """Start summing ``grads`` (one dtype) over ``group`` (two or more ranks) as one flat
     tensor: (the flat copy, summed once ``work.wait()`` returns; the work handle)."""
-    flat = _flatten_dense_tensors(grads)
+    flat = comm.check_device(_flatten_dense_tensors(grads), group, "gradient all-reduce")
     return flat, dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group, async_op=True)
 
 
@@ -398,6 +398,7 @@ def reduce_scatter_sum_async(flat: torch.Tensor, group: object) -> tuple[torch.T
     keeping this rank's contiguous 1/n: (the output shard, filled once ``work.wait()`` returns; the
     work handle). ``flat`` must live until then."""
     out = torch.empty(flat.numel() // comm.group_size(group), dtype=flat.dtype, device=flat.device)
+    flat = comm.check_device(flat, group, "gradient reduce-scatter")
     work = dist.reduce_scatter_tensor(out, flat, op=dist.ReduceOp.SUM, group=group, async_op=True)
     return out, work
 
@@ -408,6 +409,7 @@ def all_gather_flat(shard: torch.Tensor, group: object) -> torch.Tensor:
     if n == 1:
         return shard
     out = torch.empty(shard.numel() * n, dtype=shard.dtype, device=shard.device)
+    shard = comm.check_device(shard, group, "parameter all-gather")
     dist.all_gather_into_tensor(out, shard.contiguous(), group=group)
     return out
 
@@ -420,5 +422,6 @@ def gather_flat_to_first(shard: torch.Tensor, group: object) -> torch.Tensor | N
         return shard
     dst = dist.get_global_rank(group, 0)
     parts = [torch.empty_like(shard) for _ in range(n)] if comm.group_rank(group) == 0 else None
+    shard = comm.check_device(shard, group, "optimizer-state gather")
     dist.gather(shard.contiguous(), parts, dst=dst, group=group)
     return torch.cat(parts) if parts is not None else None

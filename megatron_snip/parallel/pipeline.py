@@ -21,7 +21,8 @@ turn, no communication. 1F1B on stage p of P with M micro-batches: min(P-p-1, M)
 forward and one backward, then the remaining backwards; at most P-p activations are alive.
 GPipe = all M forwards, then all M backwards. Activations travel stage p -> p+1 and their
 gradients p+1 -> p, between the ranks with the same (tp_rank, dp_rank), over the PP group;
-each exchange posts its sends and receives before waiting (deadlock-free on gloo and NCCL).
+each exchange is one batched send/receive (``comm.exchange``: deadlock-free on NCCL, whose large
+sends wait for the peer's receive, as on gloo).
 """
 
 from __future__ import annotations

@@ -107,6 +107,9 @@ class ParallelTopology:
     dp_group: Any = None  # ranks sharing (tp, pp): data-parallel replicas of this shard
     mp_group: Any = None  # ranks sharing dp: one whole model replica (TP x PP), for global norms
     world_group: Any = None  # all ranks (None: no group, a single process - as for every group here)
+    # The device of this rank's tensors in collectives: "cuda:<i>" on NCCL (init_distributed binds
+    # every group to it), "cpu" on gloo. Build tensors for comm helpers on it, never on a default.
+    device: str = "cpu"
 
     @classmethod
     def single(cls) -> ParallelTopology:

@@ -11,9 +11,10 @@ counter has not moved for ``timeout_s / 2`` (measured on the watcher's own monot
 clock skew between nodes does not matter) is declared hung - a stopped (SIGSTOP), swapped-out
 or dead process: the watcher prints one line naming it and its last step and ends its own
 process with ``EXIT_HUNG``, so the job ends well before the collective timeout would fire
-in a survivor (which would end with a bare backend traceback). The thread runs while the
-main thread waits in a collective, so a slow collective never looks like a hang; only a
-process that stops beating does.
+in a survivor (on gloo a bare backend traceback; on NCCL torch's own watchdog thread ends the
+process without any Python exception, so this thread is the only path that names the rank).
+The thread runs while the main thread waits in a collective, so a slow collective never looks
+like a hang; only a process that stops beating does.
 
 Under torchrun (``TORCHELASTIC_RUN_ID`` set) the watcher also ends a worker whose agent is
 gone (its parent pid changed), so orphaned workers never keep training into the run directory.

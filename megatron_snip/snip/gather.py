@@ -47,8 +47,8 @@ def _write(s: dict[str, Any], path: tuple[str, ...], value: float) -> None:
         s[path[0]][path[1]][path[2]] = value
 
 
-def _reduce_vector(values: list[float], sum_group: Any, mean_group: Any) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64)
+def _reduce_vector(values: list[float], sum_group: Any, mean_group: Any, device: str) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)  # the groups' device (NCCL: the GPU)
     comm.all_reduce_sum(t, sum_group)
     comm.all_reduce_mean(t, mean_group)
     return t.tolist()
@@ -61,16 +61,16 @@ def reduce_snapshot(snapshot: dict[str, Any], topo: ParallelTopology) -> dict[st
     linears = snapshot["linears"]
     keys = sorted(linears)  # the same on every rank of this stage
     flat = [(key, path, v) for key in keys for path, v in _numeric_items(linears[key])]
-    reduced = _reduce_vector([v for _, _, v in flat], topo.tp_group, topo.dp_group)
+    reduced = _reduce_vector([v for _, _, v in flat], topo.tp_group, topo.dp_group, topo.device)
     for (key, path, _), v in zip(flat, reduced):
         _write(linears[key], path, v)
 
     prop_keys = sorted(snapshot["propagation"])  # every linear of the model, on every rank
     prop = [snapshot["propagation"][k][m] for k in prop_keys for m in ("num", "den")]
-    prop = _reduce_vector(prop + [snapshot["total_sq_update"]], topo.mp_group, topo.dp_group)
+    prop = _reduce_vector(prop + [snapshot["total_sq_update"]], topo.mp_group, topo.dp_group, topo.device)
     total_sq_update = prop.pop()
     propagation = {k: {"num": prop[2 * i], "den": prop[2 * i + 1]} for i, k in enumerate(prop_keys)}
-    probe_loss = _reduce_vector([snapshot["probe_loss_sum"]], None, topo.dp_group)[0]
+    probe_loss = _reduce_vector([snapshot["probe_loss_sum"]], None, topo.dp_group, topo.device)[0]
 
     merged: dict[str, Any] = {}
     for part in comm.all_gather_object(linears, topo.pp_group):

@@ -4,8 +4,10 @@ One ``Trainer`` per rank. Everything it needs about parallelism comes from the
 ``ParallelTopology`` it is given; collectives live in ``parallel/``. Precision only
 changes through ``apply_plan`` at a step boundary (house rule 2). The trainer is SNIP's host
 (``snip/host.py``: model, optimizer state, topology, probe data, forward/backward, the plan in
-force) and the one place a plan is recorded (``record_replan``: plan JSON, statistics snapshot,
-precision map, log and metrics lines, W&B, checkpointed state).
+force); it records plans through its ``PlanRecorder`` (``training/plan_recorder.py``: plan JSON,
+statistics snapshot, precision map, log and metrics lines, W&B, checkpointed state) and keeps its
+run directory (fresh-run check, checkpoint commit, the checkpoint to resume from) through a
+``RunDirectory`` (``training/run_dir.py``).
 
 Parallelism: the model is this rank's TP shard of its PP stage (``LlamaModel(layers=...,
 tp=...)``); ``forward_backward`` runs the layout's schedule of ``parallel/pipeline.py`` (no
@@ -25,17 +27,14 @@ optimizer state, so resumed losses match uninterrupted ones bit for bit on CPU.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from megatron_snip.atomic_io import atomic_write_text, ensure_writable_dir
+from megatron_snip.atomic_io import atomic_write_text
 from megatron_snip.config import Config
 from megatron_snip.data.dataset import GPTDataset
 from megatron_snip.data.pipeline import DataBundle, build_data
@@ -49,7 +48,7 @@ from megatron_snip.parallel.topology import ParallelTopology
 from megatron_snip.precision import fallbacks
 from megatron_snip.precision.backends import Backend, get_backend
 from megatron_snip.precision.capability import require
-from megatron_snip.precision.plan import GemmId, PrecisionPlan, all_gemm_ids
+from megatron_snip.precision.plan import PrecisionPlan, all_gemm_ids
 from megatron_snip.snip.host import Replan
 from megatron_snip.telemetry.logger import RunLogger, step_line
 from megatron_snip.telemetry.wandb_sink import WandbSink
@@ -57,10 +56,12 @@ from megatron_snip.training import checkpoint as ckpt
 from megatron_snip.training.init_from import init_from
 from megatron_snip.training.lr import lr_at
 from megatron_snip.training.optim import build_optimizer
+from megatron_snip.training.plan_recorder import PlanRecorder
 from megatron_snip.training.preemption import StopSignal, TrainingPreempted
-from megatron_snip.training.resume_check import compare
-from megatron_snip.training.vocab_check import model_vocab_size
+from megatron_snip.training.resolve import resolve_autocast_dtype, resolve_device, resolve_initial_plan
+from megatron_snip.training.run_dir import RunDirectory
 from megatron_snip.training.throughput import Throughput, peak_memory_text
+from megatron_snip.training.vocab_check import model_vocab_size
 
 
 class TrainingStopped(RuntimeError):
@@ -91,52 +92,6 @@ class _LogWindow:
         return self.loss_sum / self.loss_count if self.loss_count else math.nan
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("config training.device='cuda' but CUDA is not available; set training.device=cpu or auto")
-    return torch.device(name)
-
-
-def resolve_autocast_dtype(name: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype, or None for plain fp32. CPU default is fp32: exact, and bitwise-resumable."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else None
-    return torch.bfloat16 if name == "bfloat16" else None
-
-
-def resolve_initial_plan(cfg: Config, gemm_ids: list[GemmId], linear_numel: dict[str, int]) -> PrecisionPlan:
-    """``precision.initial_plan``: "bf16", "uniform:<format>", a baseline policy spec, or a plan JSON path."""
-    spec = cfg.precision.initial_plan
-    num_layers = cfg.model.num_layers
-    if _looks_like_path(spec):
-        try:
-            plan = PrecisionPlan.load(spec, linear_numel)
-        except ValueError as e:
-            raise ValueError(f"config precision.initial_plan={spec!r}: {e}") from None
-    elif spec == "bf16":
-        plan = PrecisionPlan.uniform("bf16", num_layers, linear_numel, policy="bf16")
-    elif spec.startswith("uniform:"):
-        plan = PrecisionPlan.uniform(spec.split(":", 1)[1], num_layers, linear_numel)
-    else:
-        from megatron_snip.snip.policies import PlanContext, make_plan, needs_costs
-
-        if needs_costs(spec):
-            raise ValueError(f"config precision.initial_plan={spec!r} needs statistics that exist only after "
-                             f"training starts; use it as snip.policy and start from 'bf16' or 'uniform:fp8'")
-        plan = make_plan(spec, PlanContext.for_run(cfg.snip, num_layers, linear_numel, cfg.parallel.pp,
-                                                   backend=cfg.precision.backend))
-    plan.validate(gemm_ids)
-    return plan
-
-
-def _looks_like_path(spec: str) -> bool:
-    """A file name rather than a policy spec: it exists, has a folder part or a file suffix
-    (policy specs are ``name[:args]`` with no ``/`` and no ``.json``/``.txt`` ending)."""
-    return Path(spec).exists() or "/" in spec or os.sep in spec or Path(spec).suffix.lower() in (".json", ".txt")
-
-
 class Trainer:
     """Trains one model replica shard (this rank's TP/PP piece) on its DP slice of the data."""
 
@@ -148,10 +103,10 @@ class Trainer:
                              f"topology has tp={self.topo.tp} pp={self.topo.pp}; build it with "
                              f"init_distributed(cfg.parallel.tp, cfg.parallel.pp)")
         t = cfg.training
-        self.run_dir = Path(t.run_dir)
-        self.ckpt_root = self.run_dir / "checkpoints"
-        self.is_writer = self.topo.rank == 0
-        self._check_run_dir()
+        self.run_directory = RunDirectory(self.cfg, self.topo)
+        self.run_dir, self.ckpt_root = self.run_directory.path, self.run_directory.ckpt_root
+        self.is_writer = self.run_directory.is_writer
+        self.run_directory.check_fresh()
         self.device = resolve_device(t.device)
         self.autocast_dtype = resolve_autocast_dtype(t.dtype, self.device)
 
@@ -183,8 +138,6 @@ class Trainer:
         self._param_norm = self.param_norm()  # for the post-step guard (_check_update)
         self.skipped_steps = 0
         self.consecutive_skips = 0
-        self.plan_history: list[PrecisionPlan] = []
-        self.extra_state: dict[str, Any] = {}  # callbacks' checkpointed state (e.g. the SNIP controller's)
         # Plans name every GEMM of the model; each pipeline stage applies the entries of its own layers.
         self.all_gemm_ids = all_gemm_ids(cfg.model.num_layers)
         self.plan: PrecisionPlan = resolve_initial_plan(cfg, self.all_gemm_ids, self.linear_numel)
@@ -195,6 +148,7 @@ class Trainer:
         self.logger = logger or RunLogger(self.run_dir, is_writer=self.is_writer,
                                           progress_total=t.max_steps if t.progress else None,
                                           sinks=[self.wandb] if self.wandb else [])
+        self.recorder = PlanRecorder(self.run_dir, self.is_writer, self.logger, self.wandb)
         resumed = self.load_latest() if t.resume else False
         if t.init_from and not resumed:  # before anything is written: a refused source leaves no run behind
             self.logger.info(init_from(t.init_from, self.model, self.optimizer, cfg,
@@ -206,7 +160,7 @@ class Trainer:
             atomic_write_text(self.run_dir / name, cfg.to_toml())
         self.apply_plan(self.plan)
         if not resumed:
-            self._record_plan(self.plan)
+            self.recorder.record(self.plan)
 
     def _build_backend(self, initial_plan: PrecisionPlan) -> Backend:
         """The GEMM backend ``precision.backend`` names, refused at start-up (with the reason and
@@ -260,60 +214,23 @@ class Trainer:
         self.model.apply_plan(plan)
         self.plan = plan
 
-    def _record_plan(self, plan: PrecisionPlan) -> None:
-        """Add the plan now in force to the history (checkpointed, the timeline) and, on the
-        writer, to the run directory as ``plans/step_<N>.json``."""
-        self.plan_history.append(plan)
-        if self.is_writer:
-            atomic_write_text(self.run_dir / "plans" / f"step_{plan.step:06d}.json", plan.to_json())
+    @property
+    def plan_history(self) -> list[PrecisionPlan]:
+        """Every plan recorded in this run, the initial one first (checkpointed)."""
+        return self.recorder.plan_history
+
+    @property
+    def extra_state(self) -> dict[str, Any]:
+        """The callbacks' checkpointed state (e.g. the SNIP controller's under ``"snip"``)."""
+        return self.recorder.extra_state
 
     def record_replan(self, replan: Replan) -> None:
-        """The one place a re-plan is recorded: a kept plan is one log line; a new plan goes to the
-        history and ``plans/step_<N>.json``, a log line, a metrics line, the checkpointed
-        ``extra_state["snip"]``, and on the writer the snapshot ``plans/step_<N>_stats.json``, the
-        precision map ``plans/step_<N>.png`` and W&B."""
-        step = replan.step
-        if not replan.applied:
-            self.logger.info(f"re-plan at step {step}: {replan.kept}")
-            return
-        plan, timings = replan.plan, dict(replan.timings or {})
-        self._record_plan(plan)
-        objective = plan.objective if plan.objective is None else round(plan.objective, 4)
-        self.logger.info(
-            f"re-plan at step {step}: policy {plan.policy}, FP4 share {plan.fp4_flops_share:.3f}, "
-            f"formats {plan.format_counts()}, objective {objective} ({plan.solver_status}), "
-            f"{replan.gemms_changed} GEMMs changed, took {timings['replan_total_s']:.2f}s")
-        metrics = {"replan_fp4_share": plan.fp4_flops_share, **{f"replan_{k}": v for k, v in timings.items()}}
-        if replan.predicted_divergence is not None:
-            metrics["predicted_divergence"] = replan.predicted_divergence
-        self.logger.log_metrics(step, metrics)
-        self.extra_state["snip"] = {"replans": replan.count, "last_timings": timings, "last_stats": replan.snapshot}
-        if not self.is_writer:
-            return
-        plans_dir = self.run_dir / "plans"
-        if replan.snapshot is not None:
-            atomic_write_text(plans_dir / f"step_{step:06d}_stats.json", json.dumps(replan.snapshot))
-        from megatron_snip.telemetry.plots import plot_precision_map
-
-        png = plans_dir / f"step_{step:06d}.png"
-        plot_precision_map(plan, png)
-        if self.wandb is not None:
-            self.wandb.log_plan(plan, png, costs=replan.costs)
+        """Record a re-plan's outcome (``PlanRecorder.record_replan``)."""
+        self.recorder.record_replan(replan)
 
     def record_plan_summary(self) -> None:
-        """End of run, on the writer: ``precision_map.png`` (the final plan) and ``timeline.png``
-        (every recorded plan), both also to W&B."""
-        if not self.is_writer:
-            return
-        from megatron_snip.telemetry.plots import plot_precision_map, plot_timeline
-
-        final_map = self.run_dir / "precision_map.png"
-        plot_precision_map(self.plan, final_map, title=f"final plan ({self.plan.policy}, step {self.plan.step})")
-        timeline = self.run_dir / "timeline.png"
-        plot_timeline(self.plan_history, timeline)
-        if self.wandb is not None:
-            self.wandb.log_final_plan(self.plan, final_map, step=self.step)
-            self.wandb.log_timeline(timeline, step=self.step)
+        """End of run: the final precision map and the timeline (``PlanRecorder.record_summary``)."""
+        self.recorder.record_summary(self.plan, self.step)
 
     def _check_plan_shapes(self, plan: PrecisionPlan) -> None:
         """Refuse a plan whose formats do not fit some stage's local GEMM shapes - on every rank
@@ -560,106 +477,11 @@ class Trainer:
             "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
             "quant_generator": self.quant_generator.get_state(),
             "plan": self.plan.to_json_dict(),
-            "plan_history": [p.to_json_dict() for p in self.plan_history],
-            "extra": self.extra_state,
+            **self.recorder.state_dict(),
         }
 
-    def save(self) -> None:
-        """Write this rank's shard (DP rank 0 of each (TP, PP) shard only), wait for every shard,
-        then rank 0 commits the checkpoint atomically; every rank returns after the commit.
-
-        ``meta.json`` records the resolved config (compared on resume), the vocabulary size and
-        how many bytes of ``metrics.jsonl`` belong to the run up to this step."""
-        state = self.state_dict()  # on every rank: the distributed optimizer gathers its DP shards here
-        if self.topo.dp_rank == 0:
-            state["layout"] = {"tp": self.topo.tp, "pp": self.topo.pp, "tp_rank": self.topo.tp_rank,
-                               "pp_rank": self.topo.pp_rank, "layers": list(self.model.layer_ids)}
-            ckpt.write_shard(self.ckpt_root, self.step, state, self.topo.tp_rank, self.topo.pp_rank)
-        comm.barrier(self.topo.world_group)  # all shards are in the temp dir before the commit
-        if self.is_writer:
-            meta = {"step": self.step, "tp": self.topo.tp, "pp": self.topo.pp, "dp": self.topo.dp,
-                    "sequence_parallel": self.tp.sequence_parallel, "plan_hash": self.plan.hash, "time": time.time(),
-                    "vocab_size": self.vocab_size, "config": self.cfg.to_dict(),
-                    "metrics_bytes": self.logger.metrics_bytes()}
-            ckpt.commit(self.ckpt_root, self.step, meta, keep=self.cfg.training.keep_checkpoints)
-        comm.barrier(self.topo.world_group)  # nobody reads or re-saves before the commit is done
-
-    def _check_run_dir(self) -> None:
-        """Refuse a fresh run (``training.resume=false``) into a directory that holds a run: its
-        checkpoints would be pruned and its metrics mixed with ours. Rank 0 decides for everyone
-        (before anything is written, so no rank sees this run's own files)."""
-        verdict = None
-        if self.is_writer:
-            try:
-                ensure_writable_dir(self.run_dir, "training.run_dir")
-                if self.cfg.training.resume is False:
-                    held = [p.name for p in (self.run_dir / "metrics.jsonl", self.run_dir / "config.toml")
-                            if p.is_file() and p.stat().st_size > 0]
-                    steps = ckpt.list_checkpoints(self.ckpt_root)
-                    if steps:
-                        held.append(f"checkpoints up to step {steps[-1]}")
-                    if held:
-                        verdict = (f"config training.run_dir={str(self.run_dir)!r} already holds a run "
-                                   f"({', '.join(held)}) and training.resume=false; continue it with "
-                                   f"training.resume=auto, or choose a new training.run_dir (or delete the directory)")
-            except ValueError as e:
-                verdict = str(e)
-        verdict = comm.broadcast_object(verdict, 0, self.topo.world_group)
-        if verdict:
-            raise ValueError(verdict)
-
-    def load_latest(self) -> bool:
-        """Restore the newest checkpoint that verifies (``training.resume``); True if one was loaded.
-
-        Rank 0 verifies the checksums of every shard (newest first), sets aside the ones that
-        fail (``checkpoints/rejected_step_N``, each reason logged) and picks the step, so every
-        rank loads the same checkpoint. The checkpoint's config is compared with this run's
-        (``resume_check``): a change the checkpoint cannot take is refused naming the field and
-        both values; the others are listed with what they do."""
-        decision: dict[str, Any] = {}
-        if self.is_writer:
-            step, skipped = ckpt.latest_verified(self.ckpt_root)
-            decision = {"step": step, "skipped": skipped}
-            if step is not None:
-                for bad in ckpt.list_checkpoints(self.ckpt_root):
-                    if bad > step:
-                        ckpt.set_aside(self.ckpt_root, bad)
-        decision = comm.broadcast_object(decision, 0, self.topo.world_group)
-        step, skipped = decision["step"], decision["skipped"]
-        for reason in skipped:
-            self.logger.info(f"skipping checkpoint: {reason}")
-        if step is None:
-            if skipped:
-                raise ckpt.CheckpointError(f"training.resume={self.cfg.training.resume!r}: no checkpoint in "
-                                           f"{self.ckpt_root} verifies ({len(skipped)} rejected, reasons above); "
-                                           f"restore one or start a new training.run_dir")
-            self.logger.info(f"training.resume={self.cfg.training.resume!r}: no checkpoint in {self.ckpt_root}; "
-                             f"starting from scratch")
-            self.logger.truncate_metrics(0)  # records of an attempt that never checkpointed
-            return False
-        meta = ckpt.read_meta(self.ckpt_root, step)
-        d = ckpt.step_dir(self.ckpt_root, step)
-        if (meta.get("tp", 1), meta.get("pp", 1)) != (self.topo.tp, self.topo.pp):
-            raise ValueError(f"checkpoint {d} was saved with tp={meta.get('tp')} pp={meta.get('pp')}, this run has "
-                             f"parallel.tp={self.topo.tp} parallel.pp={self.topo.pp}; resume with the same layout, "
-                             f"or convert it: python scripts/reshard_checkpoint.py {self.run_dir} "
-                             f"--tp {self.topo.tp} --pp {self.topo.pp}")
-        if "config" in meta:
-            refusals, notes = compare(meta["config"], self.cfg.to_dict())
-            if meta.get("vocab_size", self.vocab_size) != self.vocab_size:
-                refusals.append(f"vocabulary size (model.vocab_size or the tokenizer's): {meta['vocab_size']} -> "
-                                f"{self.vocab_size} (the embedding has the old shape)")
-            if refusals:
-                raise ValueError(f"cannot resume from {d}: " + "; ".join(refusals) + ". Restore the checkpoint's "
-                                 f"values (see {self.run_dir / 'config.toml'}) or start a new training.run_dir")
-            for note in notes:
-                self.logger.info(f"resume: changed {note}")
-        state = ckpt.read_shard(self.ckpt_root, step, self.topo.tp_rank, self.topo.pp_rank)
-        layout = state.get("layout")
-        if layout is not None and layout["layers"] != list(self.model.layer_ids):
-            raise ValueError(f"checkpoint shard for tp_rank={self.topo.tp_rank} pp_rank={self.topo.pp_rank} holds "
-                             f"layers {layout['layers']}, this stage has {list(self.model.layer_ids)}; resume with "
-                             f"the same model.num_layers and parallel.pp")
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` saved (this rank's checkpoint shard)."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = state["step"]
@@ -670,10 +492,30 @@ class Trainer:
             torch.cuda.set_rng_state_all(state["rng_cuda"])
         self.quant_generator.set_state(state["quant_generator"])
         self.plan = PrecisionPlan.from_json_dict(state["plan"])
-        self.plan_history = [PrecisionPlan.from_json_dict(p) for p in state["plan_history"]]
-        self.extra_state = dict(state.get("extra") or {})
+        self.recorder.load_state_dict(state)
         self._param_norm = self.param_norm()
-        if "metrics_bytes" in meta:  # drop records logged after this checkpoint (they will be logged again)
-            self.logger.truncate_metrics(meta["metrics_bytes"])
-        self.logger.info(f"resumed from step {self.step} ({d}), plan {self.plan.policy} hash {self.plan.hash}")
+
+    def save(self) -> None:
+        """Checkpoint after ``self.step`` (``RunDirectory.save``: every rank's shard, then rank 0's
+        commit). ``meta.json`` records the resolved config (compared on resume), the vocabulary
+        size and how many bytes of ``metrics.jsonl`` belong to the run up to this step."""
+        state = self.state_dict()  # on every rank: the distributed optimizer gathers its DP shards here
+        meta = None
+        if self.is_writer:
+            meta = {"step": self.step, "tp": self.topo.tp, "pp": self.topo.pp, "dp": self.topo.dp,
+                    "sequence_parallel": self.tp.sequence_parallel, "plan_hash": self.plan.hash, "time": time.time(),
+                    "vocab_size": self.vocab_size, "config": self.cfg.to_dict(),
+                    "metrics_bytes": self.logger.metrics_bytes()}
+        self.run_directory.save(self.step, state, self.model.layer_ids, meta)
+
+    def load_latest(self) -> bool:
+        """Restore the newest checkpoint that verifies (``training.resume``; ``RunDirectory.latest``
+        chooses and checks it); True if one was loaded."""
+        restored = self.run_directory.latest(self.logger, self.vocab_size, self.model.layer_ids)
+        if restored is None:
+            return False
+        self.load_state_dict(restored.state)
+        if "metrics_bytes" in restored.meta:  # drop records logged after this checkpoint (they will be logged again)
+            self.logger.truncate_metrics(restored.meta["metrics_bytes"])
+        self.logger.info(f"resumed from step {self.step} ({restored.path}), plan {self.plan.policy} hash {self.plan.hash}")
         return True

@@ -81,3 +81,72 @@ def _worker(rank: int, world: int) -> str:
 
 def test_comm_mappings_and_collectives_on_two_ranks():
     assert run_ranks(_worker, 2, timeout_s=60) == ["ok", "ok"]
+
+
+# --- the device rule: every tensor handed to a collective lives on its group's device ----------------
+# gloo accepts tensors of any device: a meta tensor "all-reduces" without error (a no-op), and a
+# CPU tensor would pass where NCCL refuses it. So these workers make the default device `meta`
+# while the groups (gloo) run on the CPU: a tensor built without an explicit device - the bug
+# NCCL would catch at its first call - lands on meta, which no group runs on. The tests cannot
+# pass vacuously: the first shows the rule refusing such a tensor in every helper; the second
+# checks the reduced values, so a skipped or no-op collective fails it too.
+def _device_rule_worker(rank: int, world: int) -> str:
+    topo = init_distributed(tp=world, pp=1, device_type="cpu", timeout_s=60)
+    g = topo.tp_group
+    assert topo.device == "cpu" and comm.group_device(g) == torch.device("cpu")
+    torch.set_default_device("meta")
+    stray = torch.ones(2, 4)  # the default device: meta
+    helpers = {
+        "all_reduce_sum": lambda: comm.all_reduce_sum(stray, g),
+        "all_reduce_max": lambda: comm.all_reduce_max(stray, g),
+        "all_reduce_mean": lambda: comm.all_reduce_mean(stray, g),
+        "broadcast_tensor": lambda: comm.broadcast_tensor(stray, 0, g),
+        "exchange": lambda: comm.exchange([(stray, 1 - rank)], [], g),
+        "all-gather": lambda: comm.gather_from_tp(stray, g),
+        "reduce-scatter": lambda: comm.reduce_scatter_to_sp(stray, g),
+        "all-reduce": lambda: comm.reduce_from_tp(stray, g),
+    }
+    for name, call in helpers.items():
+        try:
+            call()
+        except RuntimeError as e:
+            assert "on meta" in str(e) and "runs on cpu" in str(e), f"{name}: {e}"
+        else:
+            raise AssertionError(f"{name} took a tensor on meta for a group on the CPU")
+    # The object collectives and the barrier build their own tensors on the group's device.
+    assert comm.broadcast_object({"r": rank}, src=0, group=g) == {"r": 0}
+    assert comm.all_gather_object(rank, g) == [0, 1]
+    comm.barrier(g)
+    return "ok"
+
+
+def test_collectives_refuse_a_tensor_off_their_groups_device():
+    assert run_ranks(_device_rule_worker, 2, timeout_s=60) == ["ok", "ok"]
+
+
+def _snip_reduce_worker(rank: int, world: int) -> dict:
+    from megatron_snip.snip.gather import reduce_snapshot
+
+    topo = init_distributed(tp=world, pp=1, device_type="cpu", timeout_s=60)
+    torch.set_default_device("meta")
+    k = float(rank + 1)  # TP shards: the per-linear sums and the propagation pass add up over TP
+    snapshot = {
+        "linears": {"0.qkv": {"layer": 0, "linear": "qkv", "shape": [4, 8], "sq_w": 10 * k,
+                              "per_format": {"fp8": {"err": k}}}},
+        "propagation": {"0.qkv": {"num": k, "den": 2 * k}},
+        "total_sq_update": 3 * k,
+        "probe_loss_sum": 5.0,
+    }
+    return reduce_snapshot(snapshot, topo)
+
+
+def test_snip_statistics_reduce_on_the_groups_device():
+    """SNIP's statistics gather (the bug: a bare CPU ``torch.tensor`` all-reduced, which NCCL refuses
+    at the first re-plan) builds its tensors on the topology's device: correct sums under a meta
+    default device."""
+    out = run_ranks(_snip_reduce_worker, 2, timeout_s=60)
+    assert out[0] == out[1]
+    lin = out[0]["linears"]["0.qkv"]
+    assert lin["sq_w"] == 30.0 and lin["per_format"]["fp8"]["err"] == 3.0  # 1 + 2 over TP (dp = 1)
+    assert out[0]["propagation"]["0.qkv"] == {"num": 3.0, "den": 6.0}
+    assert out[0]["total_sq_update"] == 9.0 and out[0]["probe_loss_sum"] == 5.0

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import socket
 
 import pytest
 
 from megatron_snip.config import load_config
-from megatron_snip.parallel.distributed import destroy_distributed, env_world_size, init_distributed
+from megatron_snip.parallel.distributed import (
+    cuda_device_index,
+    destroy_distributed,
+    env_world_size,
+    init_distributed,
+)
 from megatron_snip.parallel.pipeline import run_no_pipeline, schedule_for
 from megatron_snip.parallel.topology import (
     ParallelTopology,
@@ -130,5 +136,57 @@ def test_init_distributed_single_rank_gloo():
         topo = init_distributed(1, 1, device_type="cpu", timeout_s=30, env=env)
         assert (topo.world_size, topo.tp, topo.pp, topo.dp, topo.rank) == (1, 1, 1, 1, 0)
         assert topo.tp_group is not None and topo.world_group is not None
+        assert topo.device == "cpu"
     finally:
         destroy_distributed()
+
+
+@pytest.mark.parametrize("local_rank,count,index", [(0, 8, 0), (5, 8, 5), (5, 1, 0), (3, 1, 0), (6, 4, 2)])
+def test_cuda_device_index_is_local_rank_mod_visible_gpus(local_rank, count, index):
+    # (5, 1): a scheduler that gives each task one GPU shows it as cuda:0 whatever LOCAL_RANK is.
+    assert cuda_device_index(local_rank, count) == index
+
+
+def test_cuda_device_index_without_a_gpu_says_so():
+    with pytest.raises(ValueError, match=r"sees no GPU.*training.device=cpu"):
+        cuda_device_index(0, 0)
+
+
+class _Recorder:
+    """Stands in for the CUDA/NCCL calls of ``init_distributed`` (none exist on this machine)."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, object] = {}
+
+    def init_process_group(self, backend, **kwargs):
+        self.calls["init"] = (backend, kwargs, os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING"))
+
+    def new_subgroups_by_enumeration(self, ranks):
+        return f"group{ranks}", []
+
+
+@pytest.mark.parametrize("preset", [None, "3"])
+def test_init_distributed_on_nccl_binds_the_gpu_and_lets_the_watchdog_end_the_process(monkeypatch, preset):
+    """The NCCL path as far as it runs without a GPU: one GPU visible to a task whose LOCAL_RANK is 5
+    (a scheduler's one-GPU-per-task launch) -> cuda:0, made current and bound to every group
+    (``device_id``: eager communicators, the device ``comm.group_device`` reads); the async error
+    handling set to tear down before the process group exists, unless the environment chose one."""
+    import torch
+    import torch.distributed as dist
+
+    rec = _Recorder()
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", preset or "unset")  # restored after the test
+    if preset is None:
+        monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: rec.calls.setdefault("set_device", d))
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", rec.init_process_group)
+    monkeypatch.setattr(dist, "new_subgroups_by_enumeration", rec.new_subgroups_by_enumeration)
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "5", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    topo = init_distributed(1, 2, device_type="cuda", timeout_s=30, env=env)
+    backend, kwargs, handling = rec.calls["init"]
+    assert backend == "nccl" and kwargs["device_id"] == torch.device("cuda", 0)
+    assert rec.calls["set_device"] == torch.device("cuda", 0)
+    assert handling == (preset or "1")
+    assert topo.device == "cuda:0" and topo.pp_rank == 1 and topo.pp_group == "group[[0, 1]]"

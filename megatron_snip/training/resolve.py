@@ -1,0 +1,58 @@
+"""What a run's settings resolve to before training starts: the device, the autocast dtype and
+the initial precision plan (``training.device``, ``training.dtype``, ``precision.initial_plan``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from megatron_snip.config import Config
+from megatron_snip.precision.plan import GemmId, PrecisionPlan
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("config training.device='cuda' but CUDA is not available; set training.device=cpu or auto")
+    return torch.device(name)
+
+
+def resolve_autocast_dtype(name: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype, or None for plain fp32. CPU default is fp32: exact, and bitwise-resumable."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else None
+    return torch.bfloat16 if name == "bfloat16" else None
+
+
+def resolve_initial_plan(cfg: Config, gemm_ids: list[GemmId], linear_numel: dict[str, int]) -> PrecisionPlan:
+    """``precision.initial_plan``: "bf16", "uniform:<format>", a baseline policy spec, or a plan JSON path."""
+    spec = cfg.precision.initial_plan
+    num_layers = cfg.model.num_layers
+    if _looks_like_path(spec):
+        try:
+            plan = PrecisionPlan.load(spec, linear_numel)
+        except ValueError as e:
+            raise ValueError(f"config precision.initial_plan={spec!r}: {e}") from None
+    elif spec == "bf16":
+        plan = PrecisionPlan.uniform("bf16", num_layers, linear_numel, policy="bf16")
+    elif spec.startswith("uniform:"):
+        plan = PrecisionPlan.uniform(spec.split(":", 1)[1], num_layers, linear_numel)
+    else:
+        from megatron_snip.snip.policies import PlanContext, make_plan, needs_costs
+
+        if needs_costs(spec):
+            raise ValueError(f"config precision.initial_plan={spec!r} needs statistics that exist only after "
+                             f"training starts; use it as snip.policy and start from 'bf16' or 'uniform:fp8'")
+        plan = make_plan(spec, PlanContext.for_run(cfg.snip, num_layers, linear_numel, cfg.parallel.pp,
+                                                   backend=cfg.precision.backend))
+    plan.validate(gemm_ids)
+    return plan
+
+
+def _looks_like_path(spec: str) -> bool:
+    """A file name rather than a policy spec: it exists, has a folder part or a file suffix
+    (policy specs are ``name[:args]`` with no ``/`` and no ``.json``/``.txt`` ending)."""
+    return Path(spec).exists() or "/" in spec or os.sep in spec or Path(spec).suffix.lower() in (".json", ".txt")
