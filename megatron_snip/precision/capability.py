@@ -163,8 +163,12 @@ def gemm_time_costs(backend: str, formats: Iterable[str], sm: tuple[int, int]) -
     """Relative GEMM time per FLOP of each of ``formats`` (and ``"bf16"``, the reference 1.0) under
     ``backend`` on a GPU of compute capability ``sm``: the datasheet ratio where the format runs on
     tensor cores, ``EMULATED_GEMM_TIME_RATIO`` (> 1) where it runs emulated."""
-    return {f: GEMM_TIME_RATIO[arch_of(sm)][f] if runs_native(backend, f, sm) else EMULATED_GEMM_TIME_RATIO
-            for f in dict.fromkeys(("bf16", *formats))}
+    def cost(f: str) -> float:
+        if f == "bf16":
+            return 1.0  # the reference, on every GPU
+        return GEMM_TIME_RATIO[arch_of(sm)][f] if runs_native(backend, f, sm) else EMULATED_GEMM_TIME_RATIO
+
+    return {f: cost(f) for f in dict.fromkeys(("bf16", *formats))}
 
 
 def device_compute_capability(device: torch.device | str | None = None) -> tuple[int, int] | None:

@@ -63,6 +63,8 @@ def test_time_table_datasheet_ratios_and_emulated_cost():
     assert capability.gemm_time_costs("emulated", ["fp8"], H100)["fp8"] > 1.0
     assert capability.gemm_time_costs("te", ["fp8"], capability.GPUS["a100"].sm)["fp8"] > 1.0
     assert capability.EMULATED_GEMM_TIME_RATIO > 1.0
+    # an older GPU (V100, sm_70): BF16 is the reference, everything else emulated
+    assert capability.gemm_time_costs("torch", ["fp8"], (7, 0)) == {"bf16": 1.0, "fp8": capability.EMULATED_GEMM_TIME_RATIO}
 
 
 # --------------------------------------------------------------------------------------
