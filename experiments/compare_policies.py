@@ -76,9 +76,9 @@ from experiments.comparison.report import write_report
 from experiments.comparison.runner import run_all
 from experiments.comparison.store import best_static_baseline, current_results, latest_records, read_results
 from megatron_snip.config import load_config
-from megatron_snip.precision.capability import GPUS, gemm_time_costs
 from megatron_snip.data import indexed
 from megatron_snip.data.pipeline import corpus_name
+from megatron_snip.precision.capability import GPUS, gemm_time_costs
 
 
 def _floats(text: str) -> tuple[float, ...]:

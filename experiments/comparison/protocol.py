@@ -225,7 +225,7 @@ def sweep_runs(p: Protocol, best_static: Mapping[tuple[str, ...], str | None]) -
         for fs in p.sweep_format_sets:
             for pol in dict.fromkeys(x for x in ("snip", best_static.get(fs)) if x):
                 for rho in p.sweep_rhos:
-                    spec = RunSpec(seed, pol, fs, rho, group="sweep")
+                    spec = RunSpec(seed, pol, fs, rho, group="sweep", target=p.target)
                     if spec.key not in primary:
                         runs.append(spec)
     return runs
