@@ -78,6 +78,7 @@ from experiments.comparison.store import best_static_baseline, current_results, 
 from megatron_snip.config import load_config
 from megatron_snip.data import indexed
 from megatron_snip.data.pipeline import corpus_name
+from megatron_snip.precision.capability import GPUS, gemm_time_costs
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -120,6 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="candidate sets, ';'-separated, each optionally with the rhos every policy runs at after "
                          "'@' (default 'fp8,nvfp4;fp8,mxfp4', both at --rho; e.g. "
                          "'fp8_block,fp4_block@0.75,0.8;fp8,nvfp4@0.75,0.9')")
+    ap.add_argument("--target", choices=("fp4_share", "gemm_time"), default=d.target,
+                    help="fp4_share (default): the numbers after '@' and --rho are FP4 shares; gemm_time: they are "
+                         "GEMM-time budgets (modeled linear-GEMM time / BF16's on --gpu), and a format set needs no "
+                         "FP4 format, e.g. --target gemm_time --gpu h100 --format-sets 'bf16,fp8@0.6' --rho 0.6")
+    ap.add_argument("--gpu", default="", choices=("", *GPUS),
+                    help="gemm_time: the GPU whose time costs the runs model (precision/capability.py "
+                         "GEMM_TIME_RATIO, torch backend), passed to every run as snip.time_costs")
     ap.add_argument("--base-steps", type=int, default=d.base_steps,
                     help="continued pretraining: per seed one BF16 base run of this many steps at constant LR, "
                          "then every policy continues from its checkpoint (weights and AdamW moments) for --steps "
@@ -202,7 +210,15 @@ def protocol_from_args(args: argparse.Namespace) -> Protocol:
                     sweep_format_sets=() if args.no_sweep else args.sweep_format_sets, policies=args.policies,
                     train_corpus=args.train_corpus, valid_corpora=valid,
                     eval_interval=args.eval_interval, eval_batches=args.eval_batches,
-                    overrides=DEFAULT_SETS + tuple(args.overrides))
+                    overrides=DEFAULT_SETS + tuple(args.overrides), target=args.target,
+                    time_costs=modeled_time_costs(args.gpu, format_sets) if args.gpu else ())
+
+
+def modeled_time_costs(gpu: str, format_sets) -> tuple[str, ...]:
+    """``snip.time_costs`` entries modeling ``gpu`` under the torch backend for every format of the sets."""
+    formats = [f for fs in format_sets for f in fs]
+    costs = gemm_time_costs("torch", formats, GPUS[gpu].sm)
+    return tuple(f"{f}={t:g}" for f, t in costs.items())
 
 
 def main(argv: list[str] | None = None) -> int:

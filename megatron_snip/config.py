@@ -14,39 +14,22 @@ from __future__ import annotations
 import dataclasses
 import math
 import tomllib
-import types
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any, get_type_hints
 
+from megatron_snip.config_values import (
+    check_finite,
+    check_positive,
+    check_seed,
+    coerce,
+    field_error,
+    parse_override,
+    parse_time_costs,
+    toml_value,
+)
 
 RECOMPUTE_MODES = ("none", "selective", "full")  # training.recompute (model/llama.py set_recompute)
-
-
-def _err(field_name: str, value: Any, fix: str) -> ValueError:
-    return ValueError(f"config {field_name}={value!r}: {fix}")
-
-
-def _seed(field_name: str, value: Any) -> None:
-    """Seeds feed torch (< 2**64, after offsets are added) and numpy generators: [0, 2**32)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**32:
-        raise _err(field_name, value, "must be an integer in [0, 2**32), e.g. 1234")
-
-
-def _positive(section: str, obj: Any, *names: str) -> None:
-    for n in names:
-        v = getattr(obj, n)
-        if not v > 0:  # also catches NaN, which fails every comparison
-            raise _err(f"{section}.{n}", v, "must be > 0")
-
-
-def _finite(section: str, obj: Any) -> None:
-    """Every float field of a section must be a finite number (NaN and inf pass ``<= 0`` style
-    checks and then fail hours into a run)."""
-    for f in fields(obj):
-        v = getattr(obj, f.name)
-        if isinstance(v, float) and not math.isfinite(v):
-            raise _err(f"{section}.{f.name}", v, "must be a finite number")
 
 
 @dataclass(frozen=True)
@@ -71,28 +54,28 @@ class ModelConfig:
     init_std: float = 0.02  # normal init of weights; output projections scaled by 1/sqrt(2*num_layers)
 
     def __post_init__(self) -> None:
-        _finite("model", self)
-        _positive("model", self, "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+        check_finite("model", self)
+        check_positive("model", self, "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
                   "num_kv_heads", "max_position_embeddings", "rope_base", "norm_eps", "init_std")
         if self.rope_scaling not in ("none", "llama3"):
-            raise _err("model.rope_scaling", self.rope_scaling, "choose 'none' or 'llama3'")
+            raise field_error("model.rope_scaling", self.rope_scaling, "choose 'none' or 'llama3'")
         if self.rope_scaling == "llama3":
-            _positive("model", self, "rope_scaling_factor", "rope_low_freq_factor", "rope_original_max_position")
+            check_positive("model", self, "rope_scaling_factor", "rope_low_freq_factor", "rope_original_max_position")
             if self.rope_high_freq_factor <= self.rope_low_freq_factor:
-                raise _err("model.rope_high_freq_factor", self.rope_high_freq_factor,
+                raise field_error("model.rope_high_freq_factor", self.rope_high_freq_factor,
                            f"must exceed model.rope_low_freq_factor={self.rope_low_freq_factor} (Llama 3.1: 4 and 1)")
         if self.vocab_size < 0:
-            raise _err("model.vocab_size", self.vocab_size, "must be >= 0 (0 = from the tokenizer)")
+            raise field_error("model.vocab_size", self.vocab_size, "must be >= 0 (0 = from the tokenizer)")
         if self.init_std > 1.0:
-            raise _err("model.init_std", self.init_std, "must be in (0, 1] (Llama uses 0.02)")
+            raise field_error("model.init_std", self.init_std, "must be in (0, 1] (Llama uses 0.02)")
         if self.hidden_size % self.num_attention_heads:
-            raise _err("model.hidden_size", self.hidden_size,
+            raise field_error("model.hidden_size", self.hidden_size,
                        f"must be divisible by model.num_attention_heads={self.num_attention_heads}")
         if self.num_attention_heads % self.num_kv_heads:
-            raise _err("model.num_attention_heads", self.num_attention_heads,
+            raise field_error("model.num_attention_heads", self.num_attention_heads,
                        f"must be divisible by model.num_kv_heads={self.num_kv_heads} (grouped-query attention)")
         if (self.hidden_size // self.num_attention_heads) % 2:
-            raise _err("model.hidden_size", self.hidden_size, "head_dim = hidden_size / heads must be even for RoPE")
+            raise field_error("model.hidden_size", self.hidden_size, "head_dim = hidden_size / heads must be even for RoPE")
 
     @property
     def head_dim(self) -> int:
@@ -113,12 +96,12 @@ class ParallelConfig:
     collective_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
-        _finite("parallel", self)
-        _positive("parallel", self, "tp", "pp", "collective_timeout_s")
+        check_finite("parallel", self)
+        check_positive("parallel", self, "tp", "pp", "collective_timeout_s")
         if self.pp_schedule not in ("1f1b", "gpipe"):
-            raise _err("parallel.pp_schedule", self.pp_schedule, "choose '1f1b' or 'gpipe'")
+            raise field_error("parallel.pp_schedule", self.pp_schedule, "choose '1f1b' or 'gpipe'")
         if self.sequence_parallel and self.tp == 1:
-            raise _err("parallel.sequence_parallel", True, "needs parallel.tp > 1 (or set it to false)")
+            raise field_error("parallel.sequence_parallel", True, "needs parallel.tp > 1 (or set it to false)")
 
 
 @dataclass(frozen=True)
@@ -139,18 +122,19 @@ class PrecisionConfig:
 
     def __post_init__(self) -> None:
         if self.backend not in ("emulated", "torch", "te"):
-            raise _err("precision.backend", self.backend, "choose 'emulated', 'torch' or 'te'")
+            raise field_error("precision.backend", self.backend, "choose 'emulated', 'torch' or 'te'")
         from megatron_snip.precision.gemm import TP_AMAX_MODES
 
         if self.tp_amax not in TP_AMAX_MODES:
-            raise _err("precision.tp_amax", self.tp_amax,
+            raise field_error("precision.tp_amax", self.tp_amax,
                        f"choose one of {list(TP_AMAX_MODES)} ('tensor': whole-tensor amax, 'shard': per TP shard)")
         if not self.initial_plan:
-            raise _err("precision.initial_plan", self.initial_plan, "use 'bf16', 'uniform:<format>' or a plan JSON path")
+            raise field_error("precision.initial_plan", self.initial_plan, "use 'bf16', 'uniform:<format>' or a plan JSON path")
 
 
 CURVATURE_NOISE = ("gaussian", "error")  # snip.curvature_noise: directions of SNIP's forward noise
 LOSS_FIRST_ORDER = ("abs", "signed", "momentum")  # snip.loss_first_order: the loss divergence's first-order term
+SNIP_TARGETS = ("fp4_share", "gemm_time", "both")  # snip.target
 
 
 @dataclass(frozen=True)
@@ -185,33 +169,47 @@ class SnipConfig:
     # above fp4_target, per pipeline stage, instead of wherever their rule puts them (layer_type's
     # rule alone gives 0.667 at 0.5): what a fair comparison at equal FP4 share needs.
     fair_share: bool = False
+    # Efficiency target (docs/snip.md, "Targets"): "fp4_share" (at least fp4_target of the linear FLOPs
+    # in an FP4 format), "gemm_time" (modeled linear-GEMM time at most time_budget x the same GEMMs in
+    # BF16 on the target GPU; fp4_target is then not used) or "both". Every policy takes the same target.
+    target: str = "fp4_share"
+    time_budget: float = 1.0  # gemm_time: e.g. 0.6 = at most 60% of the BF16 GEMM time
+    # Relative GEMM time per FLOP as "format=ratio" entries, e.g. ["bf16=1", "fp8=0.5"]; empty: from the
+    # GPU the run runs on and precision.backend (precision/capability.py, GEMM_TIME_RATIO). Set it for
+    # a device you measured, or to model a GPU from a CPU run.
+    time_costs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        _finite("snip", self)
-        _seed("snip.seed", self.seed)
+        check_finite("snip", self)
+        check_seed("snip.seed", self.seed)
+        if self.target not in SNIP_TARGETS:
+            raise field_error("snip.target", self.target, f"choose one of {list(SNIP_TARGETS)}")
+        if not self.time_budget > 0:
+            raise field_error("snip.time_budget", self.time_budget, "must be > 0 (a fraction of the BF16 GEMM time, e.g. 0.6)")
+        parse_time_costs(self.time_costs)  # ValueError naming the field
         if not 0.0 <= self.fp4_target <= 1.0:
-            raise _err("snip.fp4_target", self.fp4_target, "must be a fraction in [0, 1] (e.g. 0.75)")
+            raise field_error("snip.fp4_target", self.fp4_target, "must be a fraction in [0, 1] (e.g. 0.75)")
         if self.granularity not in ("layer", "gemm"):
-            raise _err("snip.granularity", self.granularity, "choose 'layer' or 'gemm'")
+            raise field_error("snip.granularity", self.granularity, "choose 'layer' or 'gemm'")
         if self.curvature_noise not in CURVATURE_NOISE:
-            raise _err("snip.curvature_noise", self.curvature_noise, f"choose one of {list(CURVATURE_NOISE)}")
+            raise field_error("snip.curvature_noise", self.curvature_noise, f"choose one of {list(CURVATURE_NOISE)}")
         if self.loss_first_order not in LOSS_FIRST_ORDER:
-            raise _err("snip.loss_first_order", self.loss_first_order, f"choose one of {list(LOSS_FIRST_ORDER)}")
+            raise field_error("snip.loss_first_order", self.loss_first_order, f"choose one of {list(LOSS_FIRST_ORDER)}")
         if self.warmup < 0:
-            raise _err("snip.warmup", self.warmup, "must be >= 0")
+            raise field_error("snip.warmup", self.warmup, "must be >= 0")
         if self.probe_micro_batch_size < 0:
-            raise _err("snip.probe_micro_batch_size", self.probe_micro_batch_size,
+            raise field_error("snip.probe_micro_batch_size", self.probe_micro_batch_size,
                        "must be >= 0 (sequences per probe micro-batch; 0 = training.micro_batch_size)")
-        _positive("snip", self, "interval", "probe_batches", "noise_draws", "propagation_sequences", "solver_max_time")
+        check_positive("snip", self, "interval", "probe_batches", "noise_draws", "propagation_sequences", "solver_max_time")
         if self.weight_divergence_weight < 0:
-            raise _err("snip.weight_divergence_weight", self.weight_divergence_weight, "must be >= 0")
+            raise field_error("snip.weight_divergence_weight", self.weight_divergence_weight, "must be >= 0")
         if not self.formats:
-            raise _err("snip.formats", self.formats, "list at least one candidate format, e.g. ['fp8', 'nvfp4']")
+            raise field_error("snip.formats", self.formats, "list at least one candidate format, e.g. ['fp8', 'nvfp4']")
         from megatron_snip.precision.formats import FORMATS
 
         for f in self.formats:
             if f not in FORMATS:
-                raise _err("snip.formats", list(self.formats), f"{f!r} is not a format; choose from {sorted(FORMATS)}")
+                raise field_error("snip.formats", list(self.formats), f"{f!r} is not a format; choose from {sorted(FORMATS)}")
 
 
 @dataclass(frozen=True)
@@ -275,47 +273,47 @@ class TrainingConfig:
     progress: bool = True  # progress bar on stderr
 
     def __post_init__(self) -> None:
-        _finite("training", self)
-        _seed("training.seed", self.seed)
+        check_finite("training", self)
+        check_seed("training.seed", self.seed)
         if self.resume not in (True, False, "auto"):
-            raise _err("training.resume", self.resume, "choose true, false or \"auto\" (resume if run_dir has a checkpoint)")
-        _positive("training", self, "max_steps", "micro_batch_size", "global_batch_size", "seq_len", "lr",
+            raise field_error("training.resume", self.resume, "choose true, false or \"auto\" (resume if run_dir has a checkpoint)")
+        check_positive("training", self, "max_steps", "micro_batch_size", "global_batch_size", "seq_len", "lr",
                   "eval_interval", "eval_batches", "log_interval", "max_consecutive_skips", "keep_checkpoints")
         if self.min_lr < 0 or self.min_lr > self.lr:
-            raise _err("training.min_lr", self.min_lr, f"must be in [0, training.lr={self.lr}]")
+            raise field_error("training.min_lr", self.min_lr, f"must be in [0, training.lr={self.lr}]")
         if self.lr_schedule not in ("cosine", "wsd", "constant"):
-            raise _err("training.lr_schedule", self.lr_schedule, "choose 'cosine', 'wsd' or 'constant'")
+            raise field_error("training.lr_schedule", self.lr_schedule, "choose 'cosine', 'wsd' or 'constant'")
         if self.preempt_grace_s < 0:
-            raise _err("training.preempt_grace_s", self.preempt_grace_s, "must be >= 0 seconds (0 = no deadline)")
+            raise field_error("training.preempt_grace_s", self.preempt_grace_s, "must be >= 0 seconds (0 = no deadline)")
         if self.warmup_steps < 0:
-            raise _err("training.warmup_steps", self.warmup_steps, "must be >= 0")
+            raise field_error("training.warmup_steps", self.warmup_steps, "must be >= 0")
         if not 0.0 < self.wsd_decay_fraction <= 1.0:
-            raise _err("training.wsd_decay_fraction", self.wsd_decay_fraction, "must be in (0, 1]")
+            raise field_error("training.wsd_decay_fraction", self.wsd_decay_fraction, "must be in (0, 1]")
         for n in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, n) < 1.0:
-                raise _err(f"training.{n}", getattr(self, n), "must be in [0, 1)")
+                raise field_error(f"training.{n}", getattr(self, n), "must be in [0, 1)")
         if self.weight_decay < 0 or self.grad_clip < 0 or self.adam_eps <= 0:
-            raise _err("training.weight_decay/grad_clip/adam_eps",
+            raise field_error("training.weight_decay/grad_clip/adam_eps",
                        (self.weight_decay, self.grad_clip, self.adam_eps), "weight_decay, grad_clip >= 0 and adam_eps > 0")
         if self.dtype not in ("auto", "float32", "bfloat16"):
-            raise _err("training.dtype", self.dtype, "choose 'auto', 'float32' or 'bfloat16'")
+            raise field_error("training.dtype", self.dtype, "choose 'auto', 'float32' or 'bfloat16'")
         if self.device not in ("auto", "cpu", "cuda"):
-            raise _err("training.device", self.device, "choose 'auto', 'cpu' or 'cuda'")
+            raise field_error("training.device", self.device, "choose 'auto', 'cpu' or 'cuda'")
         if self.max_param_norm_growth != 0 and self.max_param_norm_growth <= 1:
-            raise _err("training.max_param_norm_growth", self.max_param_norm_growth,
+            raise field_error("training.max_param_norm_growth", self.max_param_norm_growth,
                        "must be > 1 (a factor, e.g. 2.0) or 0 (check finiteness only)")
         if self.recompute not in RECOMPUTE_MODES:
-            raise _err("training.recompute", self.recompute, f"choose one of {', '.join(map(repr, RECOMPUTE_MODES))}")
+            raise field_error("training.recompute", self.recompute, f"choose one of {', '.join(map(repr, RECOMPUTE_MODES))}")
         if self.recompute_every < 1:
-            raise _err("training.recompute_every", self.recompute_every, "must be >= 1 (1 = every block)")
+            raise field_error("training.recompute_every", self.recompute_every, "must be >= 1 (1 = every block)")
         if self.grad_bucket_mb <= 0:
-            raise _err("training.grad_bucket_mb", self.grad_bucket_mb, "must be > 0 (MiB per reduction bucket)")
+            raise field_error("training.grad_bucket_mb", self.grad_bucket_mb, "must be > 0 (MiB per reduction bucket)")
         if self.save_interval < 0:
-            raise _err("training.save_interval", self.save_interval, "must be >= 0 (0 = save at the end only)")
+            raise field_error("training.save_interval", self.save_interval, "must be >= 0 (0 = save at the end only)")
         if not self.run_dir:
-            raise _err("training.run_dir", self.run_dir, "give a directory for checkpoints and metrics")
+            raise field_error("training.run_dir", self.run_dir, "give a directory for checkpoints and metrics")
         if self.init_optimizer and not self.init_from:
-            raise _err("training.init_optimizer", True, "needs training.init_from (a run or checkpoint directory)")
+            raise field_error("training.init_optimizer", True, "needs training.init_from (a run or checkpoint directory)")
 
 
 @dataclass(frozen=True)
@@ -338,16 +336,16 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         if self.tokenizer not in ("byte", "bpe"):
-            raise _err("data.tokenizer", self.tokenizer, "choose 'byte' or 'bpe'")
+            raise field_error("data.tokenizer", self.tokenizer, "choose 'byte' or 'bpe'")
         parts = self.split.split(",")
         try:
             weights = [float(x) for x in parts]
         except ValueError:
             weights = []
         if not 2 <= len(weights) <= 3 or any(w < 0 for w in weights) or weights[0] <= 0 or sum(weights[1:]) <= 0:
-            raise _err("data.split", self.split, "give train,valid[,test] weights like '98,2' with train > 0 and valid > 0")
+            raise field_error("data.split", self.split, "give train,valid[,test] weights like '98,2' with train > 0 and valid > 0")
         if self.bpe_vocab_size < 300:
-            raise _err("data.bpe_vocab_size", self.bpe_vocab_size, "must be >= 300 (256 bytes + merges)")
+            raise field_error("data.bpe_vocab_size", self.bpe_vocab_size, "must be >= 300 (256 bytes + merges)")
         self.blend()  # raises on a malformed blend
 
     def blend(self) -> tuple[tuple[float, str], ...]:
@@ -356,29 +354,29 @@ class DataConfig:
         if isinstance(tp, str) or len(tp) == 1:
             path = tp if isinstance(tp, str) else tp[0]
             if not path:
-                raise _err("data.train_path", tp, "give a JSONL file, an indexed .bin/.idx prefix or bundled:sotu")
+                raise field_error("data.train_path", tp, "give a JSONL file, an indexed .bin/.idx prefix or bundled:sotu")
             return ((1.0, path),)
         shape = ('a blend lists weight, path pairs (Megatron\'s form), e.g. ["0.7", "corpus/a", "0.3", "corpus/b"], '
                  'or a table {"corpus/a" = 0.7, "corpus/b" = 0.3}')
         if len(tp) % 2:
-            raise _err("data.train_path", list(tp), f"{shape}; got {len(tp)} entries")
+            raise field_error("data.train_path", list(tp), f"{shape}; got {len(tp)} entries")
         pairs = []
         for i in range(0, len(tp), 2):
             w, path = tp[i], tp[i + 1]
             try:
                 weight = float(w)
             except ValueError:
-                raise _err("data.train_path", list(tp), f"{shape}; entry {i} ({w!r}) should be a weight") from None
+                raise field_error("data.train_path", list(tp), f"{shape}; entry {i} ({w!r}) should be a weight") from None
             if not (math.isfinite(weight) and weight > 0):
-                raise _err("data.train_path", list(tp), f"the weight of {path!r} is {w}; weights must be finite and "
+                raise field_error("data.train_path", list(tp), f"the weight of {path!r} is {w}; weights must be finite and "
                                                         "> 0 (drop a source rather than giving it weight 0)")
             if not path:
-                raise _err("data.train_path", list(tp), f"entry {i + 1} is an empty path; {shape}")
+                raise field_error("data.train_path", list(tp), f"entry {i + 1} is an empty path; {shape}")
             pairs.append((weight, path))
         paths = [p for _, p in pairs]
         if len(set(paths)) != len(paths):
             dup = next(p for p in paths if paths.count(p) > 1)
-            raise _err("data.train_path", list(tp), f"{dup!r} is listed twice; give each source once with its total weight")
+            raise field_error("data.train_path", list(tp), f"{dup!r} is listed twice; give each source once with its total weight")
         total = sum(w for w, _ in pairs)
         return tuple((w / total, p) for w, p in pairs)
 
@@ -400,9 +398,9 @@ class LoggingConfig:
 
     def __post_init__(self) -> None:
         if self.peak_tflops < 0:
-            raise _err("logging.peak_tflops", self.peak_tflops, "must be >= 0 (0 = look the device up)")
+            raise field_error("logging.peak_tflops", self.peak_tflops, "must be >= 0 (0 = look the device up)")
         if self.wandb_mode not in ("auto", "online", "offline", "disabled"):
-            raise _err("logging.wandb_mode", self.wandb_mode, "choose 'auto', 'online', 'offline' or 'disabled'")
+            raise field_error("logging.wandb_mode", self.wandb_mode, "choose 'auto', 'online', 'offline' or 'disabled'")
 
 
 @dataclass(frozen=True)
@@ -426,33 +424,39 @@ class Config:
         """Cross-field checks for a run on ``world_size`` ranks; returns self."""
         m, p, t = self.model, self.parallel, self.training
         if world_size % (p.tp * p.pp):
-            raise _err("parallel.tp*parallel.pp", p.tp * p.pp,
+            raise field_error("parallel.tp*parallel.pp", p.tp * p.pp,
                        f"must divide the world size {world_size} (data parallel = world / (tp*pp))")
         dp = self.data_parallel_size(world_size)
         for name, val in (("model.num_attention_heads", m.num_attention_heads), ("model.num_kv_heads", m.num_kv_heads),
                           ("model.ffn_hidden_size", m.ffn_hidden_size)):
             if val % p.tp:
-                raise _err(name, val, f"must be divisible by parallel.tp={p.tp}")
+                raise field_error(name, val, f"must be divisible by parallel.tp={p.tp}")
         if m.num_layers % p.pp:
-            raise _err("model.num_layers", m.num_layers, f"must be divisible by parallel.pp={p.pp} (even layer split)")
+            raise field_error("model.num_layers", m.num_layers, f"must be divisible by parallel.pp={p.pp} (even layer split)")
         if t.seq_len > m.max_position_embeddings:
-            raise _err("training.seq_len", t.seq_len,
+            raise field_error("training.seq_len", t.seq_len,
                        f"exceeds model.max_position_embeddings={m.max_position_embeddings}; lower it or raise the maximum")
         if p.sequence_parallel and t.seq_len % p.tp:
-            raise _err("training.seq_len", t.seq_len, f"must be divisible by parallel.tp={p.tp} with sequence parallelism")
+            raise field_error("training.seq_len", t.seq_len, f"must be divisible by parallel.tp={p.tp} with sequence parallelism")
         if t.global_batch_size % (t.micro_batch_size * dp):
-            raise _err("training.global_batch_size", t.global_batch_size,
+            raise field_error("training.global_batch_size", t.global_batch_size,
                        f"must be a multiple of micro_batch_size*dp = {t.micro_batch_size}*{dp}")
         probe_size = self.probe_micro_batch_size()
         if self.snip.enabled and self.snip.propagation_sequences > probe_size:
-            raise _err("snip.propagation_sequences", self.snip.propagation_sequences,
+            raise field_error("snip.propagation_sequences", self.snip.propagation_sequences,
                        f"exceeds the probe micro-batch ({probe_size} sequences, snip.probe_micro_batch_size or "
                        "training.micro_batch_size); lower it or enlarge the probe")
-        if self.snip.enabled and self.snip.fp4_target > 0:
+        costs = parse_time_costs(self.snip.time_costs)
+        if self.snip.enabled and costs and self.snip.target != "fp4_share":
+            missing = [f for f in self.snip.formats if f not in costs]
+            if missing:
+                raise field_error("snip.time_costs", list(self.snip.time_costs),
+                           f"has no entry for the candidate(s) {missing} of snip.formats; add '<format>=<ratio>'")
+        if self.snip.enabled and self.snip.fp4_target > 0 and self.snip.target != "gemm_time":
             from megatron_snip.precision.formats import FP4_FORMATS
 
             if not any(f in FP4_FORMATS for f in self.snip.formats):
-                raise _err("snip.fp4_target", self.snip.fp4_target,
+                raise field_error("snip.fp4_target", self.snip.fp4_target,
                            f"cannot be met: snip.formats={list(self.snip.formats)} has no FP4 format; add 'nvfp4' or 'mxfp4' or set fp4_target=0")
         return self
 
@@ -465,66 +469,9 @@ class Config:
         lines: list[str] = []
         for section, values in self.to_dict().items():
             lines.append(f"[{section}]")
-            lines.extend(f"{k} = {_toml_value(v)}" for k, v in values.items())
+            lines.extend(f"{k} = {toml_value(v)}" for k, v in values.items())
             lines.append("")
         return "\n".join(lines)
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    return repr(v)
-
-
-def _coerce(section: str, key: str, value: Any, typ: Any) -> Any:
-    """Convert a TOML/override value to the field's type, or raise naming the field."""
-    name = f"{section}.{key}"
-    origin = get_origin(typ)
-    if origin in (Union, types.UnionType):  # bool | str: true/false as booleans, anything else a string
-        seq = next((a for a in get_args(typ) if get_origin(a) is tuple), None)
-        if seq is not None and isinstance(value, (list, tuple, dict)):  # str | tuple[str, ...]: a blend
-            if isinstance(value, dict):  # a table {path = weight} -> Megatron's [weight, path, ...]
-                value = [x for path, weight in value.items() for x in (weight, path)]
-            return _coerce(section, key, value, seq)
-        if bool in get_args(typ) and (isinstance(value, bool) or (isinstance(value, str) and value.lower() in ("true", "false"))):
-            return _coerce(section, key, value, bool)
-        return _coerce(section, key, value, str)
-    if origin is tuple:
-        if isinstance(value, str):
-            value = [v.strip() for v in value.strip("[]").split(",") if v.strip()]
-        if not isinstance(value, (list, tuple)):
-            raise _err(name, value, "must be a list, e.g. [\"fp8\", \"nvfp4\"]")
-        (elem,) = {a for a in get_args(typ) if a is not Ellipsis}
-        return tuple(_coerce(section, key, v, elem) for v in value)
-    if typ is bool:
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return value.lower() == "true"
-        if not isinstance(value, bool):
-            raise _err(name, value, "must be true or false")
-        return value
-    if typ is int:
-        if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise _err(name, value, "must be an integer")
-        try:
-            return int(value)
-        except ValueError:
-            raise _err(name, value, "must be an integer") from None
-    if typ is float:
-        if isinstance(value, bool):
-            raise _err(name, value, "must be a number")
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise _err(name, value, "must be a number") from None
-    if typ is str:
-        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise _err(name, value, "must be a string")
-        return str(value)
-    return value
 
 
 _SECTIONS = {f.name: f for f in fields(Config)}
@@ -536,32 +483,19 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
     hints = get_type_hints(Config)
     for section, values in raw.items():
         if section not in _SECTIONS:
-            raise _err(section, "...", f"unknown config section; sections are {sorted(_SECTIONS)}")
+            raise field_error(section, "...", f"unknown config section; sections are {sorted(_SECTIONS)}")
         if not isinstance(values, dict):
-            raise _err(section, values, "must be a table of key = value")
+            raise field_error(section, values, "must be a table of key = value")
         cls = hints[section]
         assert is_dataclass(cls)
         field_types = get_type_hints(cls)
         kwargs = {}
         for key, value in values.items():
             if key not in field_types:
-                raise _err(f"{section}.{key}", value, f"unknown key; {section} has {sorted(field_types)}")
-            kwargs[key] = _coerce(section, key, value, field_types[key])
+                raise field_error(f"{section}.{key}", value, f"unknown key; {section} has {sorted(field_types)}")
+            kwargs[key] = coerce(section, key, value, field_types[key])
         sections[section] = cls(**kwargs)
     return Config(**sections)
-
-
-def parse_override(text: str) -> tuple[str, str, Any]:
-    """'section.field=value' -> (section, field, value); the value is parsed as TOML if it can be."""
-    if "=" not in text or "." not in text.split("=", 1)[0]:
-        raise ValueError(f"override {text!r} is not 'section.field=value' (e.g. training.max_steps=60)")
-    path, raw = text.split("=", 1)
-    section, key = path.strip().split(".", 1)
-    try:
-        value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw  # bare strings: --set precision.initial_plan=uniform:nvfp4
-    return section, key, value
 
 
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -585,6 +519,6 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
         section, key, value = parse_override(ov)
         raw.setdefault(section, {})
         if not isinstance(raw[section], dict):
-            raise _err(section, raw[section], "must be a table")
+            raise field_error(section, raw[section], "must be a table")
         raw[section][key] = value
     return config_from_dict(raw)

@@ -57,13 +57,15 @@ from megatron_snip.config import Config
 from megatron_snip.model.shapes import (
     attention_flops,
     gemm_flops,
+    linear_numel,
     lm_head_gemm_flops,
     model_linear_shapes,
     parameter_counts,
 )
 from megatron_snip.precision.capability import GPUS, QUANT_LINEAR_BACKENDS, GpuSpec, check_gpu_type
-from megatron_snip.precision.formats import FORMATS
+from megatron_snip.precision.formats import FORMATS, FP4_FORMATS
 from megatron_snip.precision.plan import GEMMS, LINEARS, PrecisionPlan
+from megatron_snip.sizing_time import gemm_time_lines
 from megatron_snip.snip.feasibility import max_fp4_share, unrunnable_gemms
 
 GIB = 1024**3
@@ -137,6 +139,9 @@ class SnipSizing:
         booleans: ILP Boolean variables (sum of ``allowed``).
         exactly_one, fp4_floors: constraints: one per unit; global + per-stage FP4 floors.
         max_fp4_share: the largest FP4 FLOP share the divisibility rules leave reachable.
+        time_caps: GEMM-time constraints (global + per stage) under a time target, else 0.
+        unit_kinds: per kind of unit (the same in every block): (FLOP weight K*N summed over its
+            GEMMs, the candidates its shapes allow).
     """
 
     enabled: bool
@@ -148,10 +153,12 @@ class SnipSizing:
     exactly_one: int
     fp4_floors: int
     max_fp4_share: float
+    time_caps: int = 0
+    unit_kinds: tuple[tuple[int, tuple[str, ...]], ...] = ()
 
     @property
     def constraints(self) -> int:
-        return self.exactly_one + self.fp4_floors
+        return self.exactly_one + self.fp4_floors + self.time_caps
 
 
 @dataclass(frozen=True)
@@ -271,10 +278,15 @@ def _snip_sizing(cfg: Config, tp: int, pp: int) -> SnipSizing:
                   for gs in ([GEMMS] if s.granularity == "layer" else [(gm,) for gm in GEMMS])]
     allowed = {f: m.num_layers * sum(all(ok(f, lin, gm) for gm in gs) for lin, gs in unit_gemms) for f in s.formats}
     units = m.num_layers * len(unit_gemms)
-    floors = (1 + (pp if pp > 1 else 0)) if s.fp4_target > 0 else 0
+    numel = linear_numel(model_linear_shapes(m))
+    per_level = 1 + (pp if pp > 1 else 0)  # global + one per stage
+    floors = per_level if s.fp4_target > 0 and s.target != "gemm_time" else 0
+    kinds = tuple((numel[lin] * len(gs), tuple(f for f in s.formats if all(ok(f, lin, gm) for gm in gs)))
+                  for lin, gs in unit_gemms)
     return SnipSizing(
         enabled=s.enabled, granularity=s.granularity, formats=tuple(s.formats), units=units, allowed=allowed,
         booleans=sum(allowed.values()), exactly_one=units, fp4_floors=floors, max_fp4_share=max_fp4_share(cfg, unrunnable),
+        time_caps=per_level if s.target != "fp4_share" else 0, unit_kinds=kinds,
     )
 
 
@@ -531,9 +543,11 @@ def dry_run_report(cfg: Config, world_size: int, gpu: str | None = None) -> str:
     add(f"  ILP: {sn.booleans} Booleans (" + ", ".join(f"{f} on {n}" for f, n in sn.allowed.items())
         + f"), {sn.constraints} constraints ({sn.exactly_one} exactly-one + {sn.fp4_floors} "
         + f"FP4 floor{'s' if sn.fp4_floors != 1 else ''}"
-        + (f": 1 global + {s.pp} per stage" if sn.fp4_floors > 1 else "") + ")")
-    if sn.max_fp4_share < 1.0:
+        + (f": 1 global + {s.pp} per stage" if sn.fp4_floors > 1 else "")
+        + (f" + {sn.time_caps} GEMM-time cap{'s' if sn.time_caps != 1 else ''}" if sn.time_caps else "") + ")")
+    if sn.max_fp4_share < 1.0 and any(f in FP4_FORMATS for f in sn.formats):
         add(f"  block divisibility leaves at most {sn.max_fp4_share:.1%} of linear FLOPs reachable in FP4")
+    out += gemm_time_lines(cfg, s)  # sizing_time.py
     add("")
     gpu_src = ("argument gpu" if gpu else f"${GPU_ENV}" if os.environ.get(GPU_ENV)
                else f"default; set {GPU_ENV}=" + "|".join(GPUS))
@@ -543,3 +557,4 @@ def dry_run_report(cfg: Config, world_size: int, gpu: str | None = None) -> str:
     if not all(ok for ok, _ in s.support.values()):
         add("  -> this config cannot run on this GPU as configured; the run would stop at start-up")
     return "\n".join(out)
+

@@ -42,8 +42,9 @@ class CostModel:
             shares = {spec.policy.split(":", 1)[1]: 1.0}
         else:
             fs = spec.formats or p.format_sets[0]
-            fp4 = next(f for f in fs if f in FP4_FORMATS)
             high = next((f for f in fs if f not in FP4_FORMATS), "bf16")
+            # The fast format (the non-high one of a gemm_time set such as bf16,fp8) at share rho: an estimate.
+            fp4 = next((f for f in fs if f in FP4_FORMATS), next((f for f in fs if f != high), high))
             shares = {fp4: spec.rho, high: 1.0 - spec.rho}
         factor = sum(w * self.emulation.get(f, 2.0) for f, w in shares.items())
         train = p.warmup * self.step_s + (p.steps - p.warmup) * self.step_s * factor

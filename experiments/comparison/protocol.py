@@ -42,6 +42,7 @@ DRIVER_KEYS = frozenset({
     "training.log_interval", "training.eval_interval", "training.eval_batches", "precision.initial_plan",
     "snip.enabled", "snip.policy", "snip.fp4_target", "snip.formats", "snip.warmup", "snip.interval", "snip.seed",
     "data.train_path", "data.valid_paths", "training.init_from", "training.init_optimizer",
+    "snip.target", "snip.time_budget", "snip.time_costs",
 })
 # The continued-pretraining protocol (``base_steps > 0``) sets these too: the base run holds the LR
 # at its peak after the config's warmup (an intermediate checkpoint of a longer schedule, as the
@@ -76,6 +77,10 @@ class Protocol:
     eval_interval: int = 100
     eval_batches: int = 8
     overrides: tuple[str, ...] = DEFAULT_SETS  # applied to every run before the driver's own --set
+    # "fp4_share" (rho = FP4 share of the linear FLOPs) or "gemm_time" (every rho of the format sets is
+    # a GEMM-time budget: modeled linear-GEMM time <= rho x BF16's, with ``time_costs``, snip.time_costs).
+    target: str = "fp4_share"
+    time_costs: tuple[str, ...] = ()  # "format=ratio" of the modeled GPU (gemm_time), e.g. ("bf16=1", "fp8=0.5")
 
     def __post_init__(self) -> None:
         if self.steps <= 0:
@@ -100,9 +105,14 @@ class Protocol:
                              f"{list(self.rhos_of(self.format_sets[0]))}")
         if self.base_steps < 0:
             raise ValueError(f"--base-steps={self.base_steps} must be >= 0 (0 = every run from scratch)")
+        if self.target not in ("fp4_share", "gemm_time"):
+            raise ValueError(f"--target={self.target!r} must be 'fp4_share' or 'gemm_time'")
+        if self.target == "gemm_time" and not self.time_costs:
+            raise ValueError("--target=gemm_time needs the modeled GPU's time costs: give --gpu (e.g. h100)")
+        timed = self.target == "gemm_time"
         for fs in self.format_sets + self.sweep_format_sets:
             bad = [f for f in fs if f not in FORMATS]
-            if bad or not any(f in FP4_FORMATS for f in fs) or len(set(fs)) != len(fs):
+            if bad or not (timed or any(f in FP4_FORMATS for f in fs)) or len(set(fs)) != len(fs):
                 raise ValueError(f"format set {','.join(fs)!r} must list distinct formats from {sorted(FORMATS)} "
                                  f"including an FP4 one, e.g. fp8,mxfp4")
         for p in self.policies:
@@ -158,6 +168,7 @@ class RunSpec:
     formats: tuple[str, ...] | None = None
     rho: float | None = None
     group: str = field(default="primary", compare=False)  # "primary" or "sweep" (report section)
+    target: str = field(default="fp4_share", compare=False)  # what ``rho`` is: Protocol.target
 
     @property
     def key(self) -> tuple:
@@ -169,7 +180,8 @@ class RunSpec:
         slug = re.sub(r"[^A-Za-z0-9.]+", "-", self.policy)
         if self.formats is None:
             return f"{slug}_seed{self.seed}"
-        return f"{slug}_{'-'.join(self.formats)}_rho{self.rho:g}_seed{self.seed}"
+        budget = "time" if self.target == "gemm_time" else "rho"
+        return f"{slug}_{'-'.join(self.formats)}_{budget}{self.rho:g}_seed{self.seed}"
 
 
 def is_format_free(policy: str) -> bool:
@@ -196,7 +208,7 @@ def primary_runs(p: Protocol) -> list[RunSpec]:
         for seed in p.seeds:
             if i == 0:
                 runs += [RunSpec(seed, pol) for pol in p.policies if is_format_free(pol)]
-            runs += [RunSpec(seed, pol, fs, rho) for rho in p.rhos_of(fs) for pol in FORMAT_POLICIES
+            runs += [RunSpec(seed, pol, fs, rho, target=p.target) for rho in p.rhos_of(fs) for pol in FORMAT_POLICIES
                      if pol in p.policies]
     return runs
 
@@ -213,7 +225,7 @@ def sweep_runs(p: Protocol, best_static: Mapping[tuple[str, ...], str | None]) -
         for fs in p.sweep_format_sets:
             for pol in dict.fromkeys(x for x in ("snip", best_static.get(fs)) if x):
                 for rho in p.sweep_rhos:
-                    spec = RunSpec(seed, pol, fs, rho, group="sweep")
+                    spec = RunSpec(seed, pol, fs, rho, group="sweep", target=p.target)
                     if spec.key not in primary:
                         runs.append(spec)
     return runs
@@ -245,6 +257,10 @@ def run_overrides(spec: RunSpec, p: Protocol, run_dir: Path) -> list[str]:
         fmt = spec.policy.split(":", 1)[1] if spec.policy.startswith("uniform:") else None
         formats = ("fp8", fmt) if fmt in FP4_FORMATS else p.format_sets[0]
         rho = p.rho
+    if p.target == "gemm_time":  # rho is the GEMM-time budget on the modeled GPU
+        costs = "[" + ", ".join(json.dumps(c) for c in p.time_costs) + "]"
+        common += ['snip.target="gemm_time"', f"snip.time_budget={rho}", f"snip.time_costs={costs}"]
+        rho = 0.0
     return [*common, f"training.max_steps={p.steps}", "snip.enabled=true", f"snip.policy={json.dumps(spec.policy)}",
             f"snip.fp4_target={rho}", "snip.formats=[" + ", ".join(json.dumps(f) for f in formats) + "]",
             f"snip.warmup={p.warmup}", f"snip.interval={p.interval}", f"snip.seed={spec.seed}"]

@@ -152,6 +152,28 @@ def test_format_sets_with_rhos_on_the_command_line():
     assert protocol.Protocol.from_json_dict(json.loads(json.dumps(p.to_json_dict()))) == p
 
 
+def test_gemm_time_target_runs_model_the_gpu(tmp_path):
+    """--target gemm_time --gpu h100: the numbers after '@' are GEMM-time budgets, a set needs no FP4
+    format, and every run gets the budget and H100's time costs (snip.time_costs)."""
+    args = cli.build_parser().parse_args(["--target", "gemm_time", "--gpu", "h100", "--format-sets", "bf16,fp8@0.6",
+                                          "--rho", "0.6", "--policies", "bf16;uniform:fp8;random;snip",
+                                          "--set", "model.num_layers=2", "--steps", "4", "--warmup", "1",
+                                          "--interval", "2"])
+    p = cli.protocol_from_args(args)
+    assert p.target == "gemm_time" and p.time_costs == ("bf16=1", "fp8=0.5")
+    assert protocol.Protocol.from_json_dict(json.loads(json.dumps(p.to_json_dict()))) == p
+    runs = protocol.primary_runs(p)
+    assert [r.name for r in runs[:4]] == ["bf16_seed1", "uniform-fp8_seed1", "random_bf16-fp8_time0.6_seed1",
+                                          "snip_bf16-fp8_time0.6_seed1"]
+    for spec in runs:
+        cfg = load_config(protocol.config_path(p), protocol.run_overrides(spec, p, tmp_path / spec.name))
+        cfg.validate()
+        assert cfg.snip.target == "gemm_time" and cfg.snip.time_budget == 0.6 and cfg.snip.fp4_target == 0.0
+        assert cfg.snip.time_costs == ("bf16=1", "fp8=0.5") and cfg.snip.formats == ("bf16", "fp8")
+    with pytest.raises(ValueError, match="--gpu"):
+        protocol.Protocol(target="gemm_time", format_sets=(("bf16", "fp8"),))
+
+
 def test_base_runs_come_first_and_again_when_their_checkpoint_is_gone(tmp_path, monkeypatch):
     p = small_protocol(seeds=(1, 2), policies=("bf16", "snip"), format_sets=(MX,), base_steps=3)
     specs = protocol.primary_runs(p)

@@ -42,6 +42,8 @@ from megatron_snip.precision.formats import FORMATS, get_format
 __all__ = [
     "ARCH_NAMES", "BACKENDS", "GPUS", "PEAK_BF16_TFLOPS", "TE_MIN_COMPUTE_CAPABILITY",
     "Capability", "GpuSpec", "check", "check_gpu_type", "peak_bf16_tflops", "require",
+    "EMULATED_GEMM_TIME_RATIO", "GEMM_TIME_RATIO", "arch_of", "device_compute_capability", "gemm_time_costs",
+    "runs_native",
 ]
 
 BACKENDS: tuple[str, ...] = ("emulated", "torch", "te")
@@ -113,6 +115,72 @@ GPUS: dict[str, GpuSpec] = {
         GpuSpec("GB200", (10, 0), 184.0),
     )
 }
+
+
+# --- GEMM time per format (issue #23: the efficiency target in GEMM time) ---------------------------
+# Relative linear-GEMM time per FLOP against BF16 on each GPU generation's tensor cores, from the
+# dense datasheet peaks (H100/H200: FP8 2x BF16; B200: FP8/MXFP8 2x, NVFP4/MXFP4 4x BF16). A format
+# absent from a generation's row has no tensor-core path there.
+GEMM_TIME_RATIO: dict[str, dict[str, float]] = {
+    "Ampere": {"bf16": 1.0},
+    "Ada": {"bf16": 1.0, "fp8": 0.5},
+    "Hopper": {"bf16": 1.0, "fp8": 0.5, "fp8_block": 0.5},
+    "Blackwell": {"bf16": 1.0, "fp8": 0.5, "fp8_block": 0.5, "mxfp8": 0.5, "nvfp4": 0.25, "mxfp4": 0.25},
+}
+# A GEMM the device and backend run *emulated* (quantize-dequantize, then a high-precision GEMM)
+# costs more than BF16: this is the emulated GEMM's time over the unquantized one, the smallest
+# ratio over the formats in docs/bench/emulated_gemm_ratio.txt (quant_linear forward+backward at a
+# 1B-model layer, 1 thread; the command is in that file). Any factor > 1 keeps a plan from choosing
+# an emulated format to save time, which is all the models need it for.
+EMULATED_GEMM_TIME_RATIO = 1.5
+
+
+def arch_of(sm: tuple[int, int]) -> str:
+    """The GPU generation of a compute capability: the newest ``ARCH_NAMES`` entry it reaches."""
+    return ARCH_NAMES[max(cc for cc in ARCH_NAMES if sm >= cc)] if sm >= min(ARCH_NAMES) else "pre-Ampere"
+
+
+# The CUDA version a GPU that is not here is assumed to run (the dry run, the time table): a current
+# torch build, so every scaled-mm PyTorch documents for the GPU counts as available.
+ASSUMED_CUDA = "12.9"
+
+
+def runs_native(backend: str, fmt: str, sm: tuple[int, int]) -> bool:
+    """Does ``backend`` run ``fmt``'s GEMMs on tensor cores (not emulated) on a GPU of compute capability
+    ``sm``? The compute-capability rules of ``check_gpu_type`` (no probe of a real device)."""
+    _check_names(backend, fmt)
+    if fmt == "bf16":
+        return True
+    if backend == "torch":
+        from megatron_snip.precision.backends.scaled_mm import scaled_mm_expected_on
+
+        native = scaled_mm_expected_on(fmt, sm, cuda=ASSUMED_CUDA)[0]
+    elif backend == "te":
+        need = TE_MIN_COMPUTE_CAPABILITY.get(fmt)
+        native = need is not None and sm >= need
+    else:
+        native = False  # emulated
+    return native and fmt in GEMM_TIME_RATIO.get(arch_of(sm), {})
+
+
+def gemm_time_costs(backend: str, formats: Iterable[str], sm: tuple[int, int]) -> dict[str, float]:
+    """Relative GEMM time per FLOP of each of ``formats`` (and ``"bf16"``, the reference 1.0) under
+    ``backend`` on a GPU of compute capability ``sm``: the datasheet ratio where the format runs on
+    tensor cores, ``EMULATED_GEMM_TIME_RATIO`` (> 1) where it runs emulated."""
+    def cost(f: str) -> float:
+        if f == "bf16":
+            return 1.0  # the reference, on every GPU
+        return GEMM_TIME_RATIO[arch_of(sm)][f] if runs_native(backend, f, sm) else EMULATED_GEMM_TIME_RATIO
+
+    return {f: cost(f) for f in dict.fromkeys(("bf16", *formats))}
+
+
+def device_compute_capability(device: torch.device | str | None = None) -> tuple[int, int] | None:
+    """Compute capability of ``device`` (default: the current CUDA device); None without CUDA."""
+    if not _cuda_available():
+        return None
+    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    return _compute_capability(dev) if dev.type == "cuda" else None
 
 
 @dataclass(frozen=True)
@@ -242,7 +310,7 @@ def check_gpu_type(backend: str, fmt: str, gpu: GpuSpec) -> Capability:
             return Capability(True, "bf16 GEMMs run unquantized")
         from megatron_snip.precision.backends.scaled_mm import scaled_mm_expected_on
 
-        real, why = scaled_mm_expected_on(fmt, gpu.sm, cuda="12.9")  # the dry run assumes a current torch build
+        real, why = scaled_mm_expected_on(fmt, gpu.sm, cuda=ASSUMED_CUDA)
         return Capability(True, f"torch scaled-mm on {gpu.name}" if real
                           else f"torch backend, emulated GEMM for this format ({why})")
     need = TE_MIN_COMPUTE_CAPABILITY.get(fmt)  # recipe variants are absent: no TE recipe either

@@ -60,7 +60,7 @@ class SnipController:
         self.policy = s.policy
         self.spec = parse_policy(s.policy)  # ValueError on a bad spec, before training starts
         self.context = PlanContext.for_run(s, cfg.model.num_layers, linear_numel(model_linear_shapes(cfg.model)),
-                                           cfg.parallel.pp)
+                                           cfg.parallel.pp, backend=cfg.precision.backend)
         self.collector = StatsCollector(ProbeConfig(formats=tuple(s.formats), noise_draws=s.noise_draws,
                                                    propagation_sequences=s.propagation_sequences, seed=s.seed,
                                                    curvature_noise=s.curvature_noise, loss_first_order=s.loss_first_order,

@@ -1,8 +1,10 @@
 """Precision policies: SNIP and the baselines it is compared against, behind one interface.
 
 Every policy turns a spec string plus a ``PlanContext`` into a ``PrecisionPlan`` at
-the same FP4 FLOP-share target rho (``ctx.fp4_target``), so runs differ only in
-*which* GEMMs go to FP4:
+the same target - the FP4 FLOP share rho (``ctx.fp4_target``) and/or a GEMM-time budget
+(``ctx.time_budget``, see ``snip/context.py``) - so runs differ only in *which* GEMMs go to
+the fast format. Below, "FP4" and "rho" read "the fast candidate" and "the targets" under a time
+budget (e.g. candidates ``["bf16", "fp8"]``: FP8 is the fast one):
 
 ==================  =====================================================================
 spec                plan
@@ -37,9 +39,12 @@ rho, like the ILP policies, and a comparison runs every policy at the same share
 ``snip``            the SNIP ILP with the SNIP costs passed in; needs ``costs``
 ==================  =====================================================================
 
-The *high-precision candidate* is the non-FP4 format among ``ctx.formats`` (if several,
+The *high-precision candidate* is the non-FP4 format among ``ctx.candidates`` (if several,
 ``bf16`` when listed, else the first listed; ``bf16`` when there is none). The *FP4
-candidate* for static policies is the first FP4 format listed in ``ctx.formats``.
+candidate* for static policies is the first FP4 format listed in ``ctx.candidates`` (without one,
+under a time budget, the fastest other candidate). The static rules live in ``snip/rules.py``.
+Under a time budget every plan records ``gemm_time_ratio``; ``uniform`` and ``bf16`` report it
+and are not held to the budget.
 Static policies target the global share; only the ILP policies and ``random`` also
 honour it per pipeline stage.
 
@@ -50,23 +55,25 @@ config and pipeline layout.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from fractions import Fraction
 from types import MappingProxyType
 from typing import Any, Literal
 
-import numpy as np
-
-from megatron_snip.config import SnipConfig
-from megatron_snip.parallel.topology import stage_of_layer
 from megatron_snip.precision.formats import FORMATS, FP4_FORMATS
-from megatron_snip.precision.plan import GEMMS, LINEARS, GemmId, PrecisionPlan, all_gemm_ids
+from megatron_snip.precision.plan import LINEARS, GemmId, PrecisionPlan, all_gemm_ids
 from megatron_snip.snip import ilp
+from megatron_snip.snip.context import PlanContext
 from megatron_snip.snip.metrics import relative_error_costs, snip_costs
+from megatron_snip.snip.rules import (
+    DEFAULT_PROTECTED,
+    Targets,
+    bf16_ends_entries,
+    layer_type_entries,
+    random_entries,
+    uniform_entries,
+)
 
-DEFAULT_PROTECTED = ("fc2", "proj")
 _EXEMPT = "exempt from fp4_target (a reference, not an efficiency policy)"
 
 Costs = Mapping[GemmId, Mapping[str, float]]
@@ -149,7 +156,9 @@ def policy_costs(spec: str, snapshot: Mapping[str, Any],
     if policy.costs is None:
         takers = " and ".join(repr(p.name) for p in POLICIES.values() if p.costs is not None)
         raise ValueError(f"policy {spec!r} takes no costs; the cost-based policies are {takers}")
-    return policy.costs(snapshot, weight_divergence_weight)
+    costs = policy.costs(snapshot, weight_divergence_weight)
+    # BF16 is the zero-error reference (its measured "error" is only the probe pass's own rounding).
+    return {g: {f: 0.0 if f == "bf16" else c for f, c in per_f.items()} for g, per_f in costs.items()}
 
 
 def _parse_plain(spec: str, text: str, arg: str | None) -> PolicySpec:
@@ -191,98 +200,6 @@ def _parse_layer_type(spec: str, text: str, arg: str | None) -> PolicySpec:
     return PolicySpec(text, "layer_type", protected=lins)
 
 
-@dataclass(frozen=True)
-class PlanContext:
-    """Everything a policy needs besides costs.
-
-    Attributes:
-        num_layers: number of transformer blocks (global).
-        linear_numel: K*N per linear (``model.shapes.linear_numel``): each GEMM's FLOP weight.
-        formats: candidate formats, e.g. ("fp8", "nvfp4").
-        fp4_target: rho in [0, 1], validated here (the boundary of the policies and the ILP;
-            past it, ``ilp`` only asserts it).
-        granularity: "gemm" or "layer" (decision unit of ILP, ``random`` and ``layer_type``).
-        stage_of_layer: layer -> pipeline stage, or None (single stage / no per-stage target).
-        seed: seed of ``random`` and of CP-SAT.
-        step: training step the plan is made at.
-        max_deterministic_time, num_workers: CP-SAT settings (see ``ilp.solve``).
-        time_cost, time_budget: optional relative-time budget for the ILP (see ``ilp.Problem``).
-        fair_share: static policies protect units in their rule's order down to rho (module docstring).
-    """
-
-    num_layers: int
-    linear_numel: Mapping[str, int]
-    formats: tuple[str, ...]
-    fp4_target: float
-    granularity: str = "gemm"
-    stage_of_layer: Mapping[int, int] | None = None
-    seed: int = 0
-    step: int = 0
-    max_deterministic_time: float = 10.0
-    num_workers: int = 1
-    time_cost: Mapping[str, float] | None = None
-    time_budget: float | None = None
-    fair_share: bool = False
-
-    def __post_init__(self) -> None:
-        if isinstance(self.num_layers, bool) or not isinstance(self.num_layers, int) or self.num_layers < 1:
-            raise ValueError(f"PlanContext.num_layers={self.num_layers!r} must be a positive integer")
-        object.__setattr__(self, "formats", tuple(self.formats))
-        ilp.check_formats(self.formats)
-        ilp.check_share("fp4_target", self.fp4_target)
-        if self.granularity not in ilp.GRANULARITIES:
-            raise ValueError(f"PlanContext.granularity={self.granularity!r} must be one of {ilp.GRANULARITIES}")
-        missing = [lin for lin in LINEARS if lin not in self.linear_numel]
-        if missing:
-            raise ValueError(f"PlanContext.linear_numel lacks {missing}; use model.shapes.linear_numel(shapes)")
-        object.__setattr__(self, "linear_numel", MappingProxyType(dict(self.linear_numel)))
-        if self.stage_of_layer is not None:
-            absent = [layer for layer in range(self.num_layers) if layer not in self.stage_of_layer]
-            if absent:
-                raise ValueError(f"PlanContext.stage_of_layer has no stage for layer(s) {absent[:8]}")
-            object.__setattr__(self, "stage_of_layer", MappingProxyType(dict(self.stage_of_layer)))
-
-    @classmethod
-    def for_run(cls, snip: SnipConfig, num_layers: int, linear_numel: Mapping[str, int], pp: int, *,
-                step: int = 0, **snip_overrides: Any) -> PlanContext:
-        """The plan context of a run, the one place config and topology become a ``PlanContext``.
-
-        Candidates, FP4 target, granularity, seed and CP-SAT time come from ``snip`` (with any
-        ``snip_overrides`` of its fields, validated as the config is), the per-stage split of the
-        ``num_layers`` blocks over ``pp`` pipeline stages from ``parallel.topology.stage_of_layer``.
-        ``linear_numel``: K*N per linear (``model.shapes.linear_numel``).
-        """
-        if snip_overrides:
-            snip = replace(snip, **snip_overrides)
-        return cls(num_layers=num_layers, linear_numel=linear_numel, formats=tuple(snip.formats),
-                   fp4_target=snip.fp4_target, granularity=snip.granularity,
-                   stage_of_layer=stage_of_layer(num_layers, pp), seed=snip.seed, step=step,
-                   max_deterministic_time=snip.solver_max_time, fair_share=snip.fair_share)
-
-    def at_step(self, step: int) -> PlanContext:
-        """This context for a plan made at ``step``."""
-        return replace(self, step=step)
-
-    @property
-    def high_format(self) -> str:
-        """The high-precision candidate (see module docstring)."""
-        high = [f for f in self.formats if f not in FP4_FORMATS]
-        if not high:
-            return "bf16"
-        return "bf16" if "bf16" in high else high[0]
-
-    @property
-    def fp4_format(self) -> str:
-        """The FP4 candidate of the static policies: the first FP4 format in ``formats``."""
-        for f in self.formats:
-            if f in FP4_FORMATS:
-                return f
-        raise ilp.InfeasibleError(
-            f"this policy puts GEMMs in FP4 but no FP4 format is among formats={list(self.formats)}; "
-            f"add one of {sorted(FP4_FORMATS)}"
-        )
-
-
 # --------------------------------------------------------------------------------------
 # Public entry point
 # --------------------------------------------------------------------------------------
@@ -319,183 +236,60 @@ def make_plan(
 # --------------------------------------------------------------------------------------
 # Static policies
 # --------------------------------------------------------------------------------------
-def _uniform(ctx: PlanContext, fmt: str) -> dict[GemmId, str]:
-    return {g: fmt for g in all_gemm_ids(ctx.num_layers)}
-
-
-def _by_layer(ctx: PlanContext, high_layers: set[int]) -> dict[GemmId, str]:
-    hi, lo = ctx.high_format, ctx.fp4_format
-    return {g: hi if g.layer in high_layers else lo for g in all_gemm_ids(ctx.num_layers)}
-
-
-def _bf16_ends(ctx: PlanContext, ends: tuple[int, int] | None) -> tuple[dict[GemmId, str], tuple[int, int]]:
-    num_layers = ctx.num_layers
-    if ends is not None:
-        first, last = ends
-        if first + last > num_layers:
-            raise ValueError(
-                f"policy bf16_ends:{first},{last} keeps {first + last} blocks in high precision but the model has "
-                f"only num_layers={num_layers}; choose first + last <= {num_layers}"
-            )
-    elif ctx.fair_share:
-        rank = {layer: i for i, layer in enumerate(_ends_inward(num_layers))}
-        entries = _protect_down_to_target(ctx, sorted(_units(ctx), key=lambda u: rank[u[0].layer]))
-        whole = [layer for layer in range(num_layers)
-                 if all(f == ctx.high_format for g, f in entries.items() if g.layer == layer)]
-        first = next((i for i in range(num_layers) if i not in whole), num_layers)
-        last = next((i for i in range(num_layers) if num_layers - 1 - i not in whole), num_layers)
-        return entries, (first, last)  # the blocks fully protected at each end
-    else:
-        # Every block has the same FLOPs, so the share falls as the ends grow: take the
-        # largest symmetric e whose share is still >= rho (closest from above).
-        first = last = 0
-        for e in range(1, (num_layers + 1) // 2 + 1):
-            trial = _by_layer(ctx, _ends(num_layers, e, e))
-            if _meets(trial, ctx.linear_numel, ctx.fp4_target):
-                first = last = e
-            else:
-                break
-    return _by_layer(ctx, _ends(num_layers, first, last)), (first, last)
-
-
-def _protect_down_to_target(ctx: PlanContext, order: list[tuple[GemmId, ...]]) -> dict[GemmId, str]:
-    """``fair_share``: all units FP4, then each unit of ``order`` (every unit, once) moves to the
-    high-precision candidate if its stage's FP4 share stays >= rho. A unit left in FP4 could not
-    move, so each stage's share is below rho + the weight of its lightest FP4 unit."""
-    hi, lo = ctx.high_format, ctx.fp4_format
-    numel = ctx.linear_numel
-    entries = {g: lo for u in order for g in u}
-    stage_of = ctx.stage_of_layer or {}
-    fp4: dict[int, int] = {}
-    need: dict[int, int] = {}
-    for stage in {stage_of.get(u[0].layer, 0) for u in order}:
-        members = {g: lo for u in order if stage_of.get(u[0].layer, 0) == stage for g in u}
-        fp4[stage], need[stage] = sum(numel[g.linear] for g in members), _need(members, numel, ctx.fp4_target)
-    for unit in order:
-        stage, weight = stage_of.get(unit[0].layer, 0), sum(numel[g.linear] for g in unit)
-        if fp4[stage] - weight >= need[stage]:
-            fp4[stage] -= weight
-            for g in unit:
-                entries[g] = hi
-    return entries
-
-
-def _ends_inward(num_layers: int) -> list[int]:
-    """Blocks from the ends inward: 0, L-1, 1, L-2, ..."""
-    return [layer for i in range((num_layers + 1) // 2) for layer in dict.fromkeys((i, num_layers - 1 - i))]
-
-
-def _ends(num_layers: int, first: int, last: int) -> set[int]:
-    return set(range(min(first, num_layers))) | set(range(max(0, num_layers - last), num_layers))
-
-
-def _units(ctx: PlanContext) -> list[tuple[GemmId, ...]]:
-    """Decision units at ``ctx.granularity``, canonical order."""
-    gids = all_gemm_ids(ctx.num_layers)
-    if ctx.granularity == "gemm":
-        return [(g,) for g in gids]
-    return [tuple(gids[i : i + len(GEMMS)]) for i in range(0, len(gids), len(GEMMS))]
-
-
-def _layer_type(ctx: PlanContext, protected: tuple[str, ...]) -> dict[GemmId, str]:
-    if ctx.fair_share:
-        block = {layer: i for i, layer in enumerate(_ends_inward(ctx.num_layers))}
-        kind = {lin: i for i, lin in enumerate(protected + tuple(lin for lin in LINEARS if lin not in protected))}
-        order = sorted(_units(ctx), key=lambda u: (u[0].linear not in protected, block[u[0].layer], kind[u[0].linear]))
-        return _protect_down_to_target(ctx, order)
-    hi, lo = ctx.high_format, ctx.fp4_format
-    entries = {g: hi if g.linear in protected else lo for g in all_gemm_ids(ctx.num_layers)}
-    if _meets(entries, ctx.linear_numel, ctx.fp4_target):
-        return entries
-    # Move protected units to FP4 from the middle blocks outward; within a block the
-    # last-listed (least protected) linear type goes first.
-    mid = (ctx.num_layers - 1) / 2
-    rank = {lin: i for i, lin in enumerate(reversed(protected))}
-    movable = [u for u in _units(ctx) if u[0].linear in protected]
-    movable.sort(key=lambda u: (abs(u[0].layer - mid), u[0].layer, rank[u[0].linear]))
-    already = sum(ctx.linear_numel[g.linear] for g, f in entries.items() if f == lo)
-    k = _prefix_to_meet(movable, ctx.linear_numel, _need(entries, ctx.linear_numel, ctx.fp4_target) - already)
-    for unit in movable[:k]:
-        for g in unit:
-            entries[g] = lo
-    return entries
-
-
-def _random(ctx: PlanContext) -> dict[GemmId, str]:
-    hi, lo = ctx.high_format, ctx.fp4_format
-    rng = np.random.default_rng(ctx.seed)
-    units = _units(ctx)
-    if ctx.fair_share:
-        return _protect_down_to_target(ctx, [units[i] for i in rng.permutation(len(units))])
-    entries = {g: hi for u in units for g in u}
-    stage_of = ctx.stage_of_layer or {}
-    groups: dict[int, list[tuple[GemmId, ...]]] = {}
-    for u in units:
-        groups.setdefault(stage_of.get(u[0].layer, 0), []).append(u)
-    # One permutation of all units, then each stage fills FP4 in that order until its
-    # own share reaches rho (so the global share does too).
-    order = {u: r for r, u in enumerate(units[i] for i in rng.permutation(len(units)))}
-    for members in groups.values():
-        members = sorted(members, key=order.__getitem__)
-        group_entries = {g: hi for u in members for g in u}
-        k = _prefix_to_meet(members, ctx.linear_numel, _need(group_entries, ctx.linear_numel, ctx.fp4_target))
-        for unit in members[:k]:
-            for g in unit:
-                entries[g] = lo
-    return entries
-
-
-def _need(entries: Mapping[GemmId, str], numel: Mapping[str, int], rho: float) -> int:
-    """Smallest integer FP4 weight (sum of K*N) meeting rho over ``entries``' GEMMs, exact."""
-    total = sum(numel[g.linear] for g in entries)
-    return math.ceil(Fraction(repr(float(rho))) * total)  # rho as typed (0.9 = 9/10), exact
-
-
-def _meets(entries: Mapping[GemmId, str], numel: Mapping[str, int], rho: float) -> bool:
-    fp4 = sum(numel[g.linear] for g, f in entries.items() if f in FP4_FORMATS)
-    return fp4 >= _need(entries, numel, rho)
-
-
-def _prefix_to_meet(units: list[tuple[GemmId, ...]], numel: Mapping[str, int], need: int) -> int:
-    """Length of the shortest prefix of ``units`` whose FLOP weight reaches ``need`` (all if never)."""
-    if need <= 0:
-        return 0
-    cum = np.cumsum([sum(numel[g.linear] for g in u) for u in units], dtype=np.int64)
-    return min(int(np.searchsorted(cum, need)) + 1, len(units))
-
-
 def _static_plan(ps: PolicySpec, ctx: PlanContext, entries: Mapping[GemmId, str], **extra: Any) -> PrecisionPlan:
     return PrecisionPlan.create(entries, ctx.linear_numel, step=ctx.step, policy=ps.spec,
-                                extra={"fp4_target": ctx.fp4_target, **extra})
+                                extra={"fp4_target": ctx.fp4_target, **_time_extra(ctx, entries), **extra})
+
+
+def _time_extra(ctx: PlanContext, entries: Mapping[GemmId, str]) -> dict[str, Any]:
+    """Under a GEMM-time target: the budget and the plan's modeled GEMM-time ratio (what it costs)."""
+    if ctx.time_cost is None:
+        return {}
+    return {"time_budget": ctx.time_budget, "gemm_time_ratio": ctx.time_ratio(entries)}
+
+
+def _check_static(ps: PolicySpec, ctx: PlanContext) -> None:
+    """The static rules put GEMMs in two candidates (fast and high precision): InfeasibleError unless
+    the candidates, and then all-fast, meet the targets (the message names the cheapest value)."""
+    ilp.check_feasible(ctx.candidates, ctx.fp4_target)
+    if ctx.time_cost is not None:
+        fastest = uniform_entries(ctx, ctx.fp4_format)
+        if not Targets(ctx).meets(fastest):
+            raise ilp.InfeasibleError(
+                f"time_budget={ctx.time_budget} cannot be met by policy {ps.spec!r}: even every GEMM in its fast "
+                f"candidate {ctx.fp4_format!r} takes {ctx.time_ratio(fastest):.4g} of BF16 time; raise "
+                f"snip.time_budget to at least that or add a faster candidate")
 
 
 def _make_bf16(ps: PolicySpec, ctx: PlanContext, costs: Costs | None, previous: PrecisionPlan | None) -> PrecisionPlan:
-    return _static_plan(ps, ctx, _uniform(ctx, "bf16"), note=_EXEMPT)
+    return _static_plan(ps, ctx, uniform_entries(ctx, "bf16"), note=_EXEMPT)
 
 
 def _make_uniform(ps: PolicySpec, ctx: PlanContext, costs: Costs | None,
                   previous: PrecisionPlan | None) -> PrecisionPlan:
     assert ps.format is not None
-    return _static_plan(ps, ctx, _uniform(ctx, ps.format), **({} if ps.format in FP4_FORMATS else {"note": _EXEMPT}))
+    # A reference, not held to the targets: under a time target the plan reports its GEMM-time ratio.
+    note = {} if ps.format in FP4_FORMATS else {"note": _EXEMPT}
+    return _static_plan(ps, ctx, uniform_entries(ctx, ps.format), **note)
 
 
 def _make_bf16_ends(ps: PolicySpec, ctx: PlanContext, costs: Costs | None,
                     previous: PrecisionPlan | None) -> PrecisionPlan:
-    ilp.check_feasible(ctx.formats, ctx.fp4_target)  # static policies ignore the time budget
-    entries, (first, last) = _bf16_ends(ctx, ps.ends)
+    _check_static(ps, ctx)
+    entries, (first, last) = bf16_ends_entries(ctx, ps.ends)
     return _static_plan(ps, ctx, entries, ends_first=first, ends_last=last)
 
 
 def _make_layer_type(ps: PolicySpec, ctx: PlanContext, costs: Costs | None,
                      previous: PrecisionPlan | None) -> PrecisionPlan:
-    ilp.check_feasible(ctx.formats, ctx.fp4_target)
-    return _static_plan(ps, ctx, _layer_type(ctx, ps.protected))
+    _check_static(ps, ctx)
+    return _static_plan(ps, ctx, layer_type_entries(ctx, ps.protected))
 
 
 def _make_random(ps: PolicySpec, ctx: PlanContext, costs: Costs | None,
                  previous: PrecisionPlan | None) -> PrecisionPlan:
-    ilp.check_feasible(ctx.formats, ctx.fp4_target)
-    return _static_plan(ps, ctx, _random(ctx), seed=ctx.seed)
+    _check_static(ps, ctx)
+    return _static_plan(ps, ctx, random_entries(ctx), seed=ctx.seed)
 
 
 # --------------------------------------------------------------------------------------
@@ -507,7 +301,7 @@ def _ilp_plan(
     costs: Mapping[GemmId, Mapping[str, float]] | None,
     previous: PrecisionPlan | None,
 ) -> PrecisionPlan:
-    ilp.check_feasible(ctx.formats, ctx.fp4_target, time_cost=ctx.time_cost, time_budget=ctx.time_budget)
+    ilp.check_feasible(ctx.candidates, ctx.fp4_target, time_cost=ctx.time_cost, time_budget=ctx.time_budget)
     if costs is None:
         raise ValueError(f"policy {ps.spec!r} needs costs (per-GEMM, per-format); got costs=None")
     expected = set(all_gemm_ids(ctx.num_layers))
@@ -520,7 +314,7 @@ def _ilp_plan(
     problem = ilp.build_problem(
         costs,
         ctx.linear_numel,
-        ctx.formats,
+        ctx.candidates,  # under a time budget, less the formats slower than BF16 (snip/context.py)
         ctx.fp4_target,
         ctx.granularity,
         ctx.stage_of_layer,
@@ -552,6 +346,7 @@ def _ilp_plan(
         extra["min_stage_fp4_share"] = min(sol.per_stage_share.values())
     if sol.message:
         extra["solver_message"] = sol.message
+    extra.update(_time_extra(ctx, sol.assignment))
     return PrecisionPlan.create(
         sol.assignment,
         ctx.linear_numel,

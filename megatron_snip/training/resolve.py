@@ -47,7 +47,8 @@ def resolve_initial_plan(cfg: Config, gemm_ids: list[GemmId], linear_numel: dict
         if needs_costs(spec):
             raise ValueError(f"config precision.initial_plan={spec!r} needs statistics that exist only after "
                              f"training starts; use it as snip.policy and start from 'bf16' or 'uniform:fp8'")
-        plan = make_plan(spec, PlanContext.for_run(cfg.snip, num_layers, linear_numel, cfg.parallel.pp))
+        plan = make_plan(spec, PlanContext.for_run(cfg.snip, num_layers, linear_numel, cfg.parallel.pp,
+                                                   backend=cfg.precision.backend))
     plan.validate(gemm_ids)
     return plan
 

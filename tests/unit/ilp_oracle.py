@@ -2,7 +2,7 @@
 
 Used by test_ilp.py and test_policies.py to check ``ilp.solve`` on small instances whose
 optimum it finds by exhaustion (house rule 4). It reads the problem through the same
-exact integer form of the constraints as the solver (``ilp._constraints``: FLOP weights
+exact integer form of the constraints as the solver (``problem._constraints``: FLOP weights
 over their gcd, right-hand sides rounded conservatively) and evaluates the original float
 costs, so its optimum is the true one.
 """
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 
-from megatron_snip.snip.ilp import InfeasibleError, Problem, Solution, _constraints, _solution, check_problem
+from megatron_snip.snip.ilp import InfeasibleError, Problem, Solution, _solution, check_problem
+from megatron_snip.snip.problem import _constraints
 
 
 def dp_oracle(problem: Problem, *, max_states: int = 2_000_000) -> Solution:

@@ -19,6 +19,8 @@ LINEARS_PER_BLOCK = 8192 * (64 + 2 * 8) * 128 + 8192 * 8192 + 2 * 28672 * 8192 +
 NORMS_PER_BLOCK = 2 * 8192
 LLAMA2_70B_PARAMS = 68_976_648_192  # the published count (Touvron et al. 2023, HF config)
 TOKENS_PER_STEP = 1024 * 4096
+# The Blackwell candidate set (the shipped 70B config targets Hopper: bf16 + fp8_block under a time budget).
+FP4_SET = ['snip.target="fp4_share"', "snip.fp4_target=0.75", 'snip.formats=["fp8", "nvfp4"]']
 
 
 @pytest.fixture(autouse=True)
@@ -28,8 +30,9 @@ def _default_gpu(monkeypatch):
 
 @pytest.fixture(scope="module")
 def s70():
-    # The shipped config runs Transformer Engine: these tests check its support table too.
-    return sizing.estimate(load_config(CFG_70B), 64)
+    # The shipped config runs Transformer Engine: these tests check its support table too, with the
+    # Blackwell candidate set.
+    return sizing.estimate(load_config(CFG_70B, FP4_SET), 64)
 
 
 def test_70b_layout_and_parameter_count(s70):
@@ -110,7 +113,7 @@ def test_70b_snip_problem_and_gpu_support(s70):
     assert s70.support["fp8"][0] and s70.support["bf16"][0]
     ok, why = s70.support["nvfp4"]
     assert not ok and "Blackwell" in why and "emulated" in why
-    b200 = sizing.estimate(load_config(CFG_70B), 64, gpu="b200")
+    b200 = sizing.estimate(load_config(CFG_70B, FP4_SET), 64, gpu="b200")
     assert all(ok for ok, _ in b200.support.values())
 
 
@@ -127,7 +130,8 @@ def test_dry_run_cli_prints_report_without_process_group(capsys):
 
     from megatron_snip.train import main
 
-    assert main(["--config", CFG_70B, "--dry-run", "--world-size", "64"]) == 0
+    assert main(["--config", CFG_70B, "--dry-run", "--world-size", "64",
+                 *(a for ov in FP4_SET for a in ("--set", ov))]) == 0
     out = capsys.readouterr().out
     for text in ("68,976,648,192", "TP 8 x PP 8 x DP 1", "10 blocks per stage", "640 Booleans", "329 constraints",
                  "nvfp4     NO"):
@@ -145,7 +149,7 @@ def test_multi_gpu_configs_run_transformer_engine_per_shard(name, world):
     s = sizing.estimate(cfg, world, gpu="b200")
     assert s.backend == "te" and all(ok for ok, _ in s.support.values())
     with pytest.raises(ValueError, match=r"\['fp8', 'nvfp4'\] have a tensor scale.*precision.tp_amax=\"shard\""):
-        sizing.estimate(load_config(f"launch/configs/{name}.toml", ["precision.tp_amax=tensor"]), world)
+        sizing.estimate(load_config(f"launch/configs/{name}.toml", [*FP4_SET, "precision.tp_amax=tensor"]), world)
     with pytest.raises(ValueError, match='set snip.granularity="layer"'):
         sizing.estimate(load_config(f"launch/configs/{name}.toml", ["snip.granularity=gemm"]), world)
     sizing.estimate(load_config(f"launch/configs/{name}.toml", ["precision.tp_amax=tensor", "precision.backend=torch",

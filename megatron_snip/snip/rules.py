@@ -1,0 +1,226 @@
+"""The static policies' rules (``bf16_ends``, ``layer_type``, ``random``, ``uniform``): which GEMMs go
+to the fast candidate, as entries GemmId -> format. ``snip/policies.py`` documents each rule and
+turns the entries into plans.
+
+Every rule meets the context's targets: the FP4 share ``rho`` and, when ``ctx.time_cost`` is set,
+the GEMM-time budget (``Targets``: exact integer checks, the same rounding as the ILP's, so a
+rule's plan and an ILP plan satisfy the same constraints). Without a time budget the rules are
+exactly those of before the budget existed (tests/unit/test_plan_golden.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from fractions import Fraction
+
+import numpy as np
+
+from megatron_snip.precision.formats import FP4_FORMATS
+from megatron_snip.precision.plan import GEMMS, LINEARS, GemmId, all_gemm_ids
+from megatron_snip.snip import problem
+from megatron_snip.snip.context import PlanContext
+
+DEFAULT_PROTECTED = ("fc2", "proj")  # layer_type's protected linears
+
+
+class Targets:
+    """Exact checks of the targets over a set of GEMMs (one stage, or the whole model)."""
+
+    def __init__(self, ctx: PlanContext) -> None:
+        self.ctx = ctx
+        self.t = None if ctx.time_cost is None else problem.time_ints(ctx.time_cost, (*ctx.candidates, "bf16"))
+
+    def time_of(self, entries: Mapping[GemmId, str]) -> int:
+        assert self.t is not None
+        return sum(self.ctx.linear_numel[g.linear] * self.t[f] for g, f in entries.items())
+
+    def time_cap(self, gemms: Iterable[GemmId]) -> int:
+        assert self.t is not None and self.ctx.time_budget is not None
+        weight = sum(self.ctx.linear_numel[g.linear] for g in gemms)
+        return problem.time_cap(self.ctx.time_budget, self.t["bf16"], weight)
+
+    def meets(self, entries: Mapping[GemmId, str]) -> bool:
+        """FP4 share >= rho and (with a budget) GEMM time <= budget over ``entries``' GEMMs."""
+        if not _meets(entries, self.ctx.linear_numel, self.ctx.fp4_target):
+            return False
+        return self.t is None or self.time_of(entries) <= self.time_cap(entries)
+
+
+def uniform_entries(ctx: PlanContext, fmt: str) -> dict[GemmId, str]:
+    return {g: fmt for g in all_gemm_ids(ctx.num_layers)}
+
+
+def _by_layer(ctx: PlanContext, high_layers: set[int]) -> dict[GemmId, str]:
+    hi, lo = ctx.high_format, ctx.fp4_format
+    return {g: hi if g.layer in high_layers else lo for g in all_gemm_ids(ctx.num_layers)}
+
+
+def bf16_ends_entries(ctx: PlanContext, ends: tuple[int, int] | None) -> tuple[dict[GemmId, str], tuple[int, int]]:
+    num_layers = ctx.num_layers
+    if ends is not None:
+        first, last = ends
+        if first + last > num_layers:
+            raise ValueError(
+                f"policy bf16_ends:{first},{last} keeps {first + last} blocks in high precision but the model has "
+                f"only num_layers={num_layers}; choose first + last <= {num_layers}"
+            )
+    elif ctx.fair_share:
+        rank = {layer: i for i, layer in enumerate(_ends_inward(num_layers))}
+        entries = _protect_down_to_target(ctx, sorted(_units(ctx), key=lambda u: rank[u[0].layer]))
+        whole = [layer for layer in range(num_layers)
+                 if all(f == ctx.high_format for g, f in entries.items() if g.layer == layer)]
+        first = next((i for i in range(num_layers) if i not in whole), num_layers)
+        last = next((i for i in range(num_layers) if num_layers - 1 - i not in whole), num_layers)
+        return entries, (first, last)  # the blocks fully protected at each end
+    else:
+        # Every block has the same FLOPs, so the share falls (and the time grows) as the ends grow:
+        # take the largest symmetric e that still meets the targets (closest from above).
+        first = last = 0
+        for e in range(1, (num_layers + 1) // 2 + 1):
+            trial = _by_layer(ctx, _ends(num_layers, e, e))
+            if Targets(ctx).meets(trial):
+                first = last = e
+            else:
+                break
+    return _by_layer(ctx, _ends(num_layers, first, last)), (first, last)
+
+
+def _protect_down_to_target(ctx: PlanContext, order: list[tuple[GemmId, ...]]) -> dict[GemmId, str]:
+    """``fair_share``: all units in the fast candidate, then each unit of ``order`` (every unit, once)
+    moves to the high-precision candidate if its stage still meets the targets (FP4 share >= rho,
+    GEMM time <= budget). A unit left fast could not move, so each stage is within the weight of
+    its lightest fast unit of the binding target."""
+    hi, lo = ctx.high_format, ctx.fp4_format
+    numel = ctx.linear_numel
+    entries = {g: lo for u in order for g in u}
+    stage_of = ctx.stage_of_layer or {}
+    targets = Targets(ctx)
+    fp4: dict[int, int] = {}
+    need: dict[int, int] = {}
+    time: dict[int, int] = {}
+    cap: dict[int, int] = {}
+    for stage in {stage_of.get(u[0].layer, 0) for u in order}:
+        members = {g: lo for u in order if stage_of.get(u[0].layer, 0) == stage for g in u}
+        fp4[stage], need[stage] = sum(numel[g.linear] for g in members), _need(members, numel, ctx.fp4_target)
+        if targets.t is not None:
+            time[stage], cap[stage] = targets.time_of(members), targets.time_cap(members)
+    lo_fp4 = lo in FP4_FORMATS
+    for unit in order:
+        stage, weight = stage_of.get(unit[0].layer, 0), sum(numel[g.linear] for g in unit)
+        if lo_fp4 and fp4[stage] - weight < need[stage]:
+            continue
+        if targets.t is not None:
+            extra = weight * (targets.t[hi] - targets.t[lo])
+            if time[stage] + extra > cap[stage]:
+                continue
+            time[stage] += extra
+        if lo_fp4:
+            fp4[stage] -= weight
+        for g in unit:
+            entries[g] = hi
+    return entries
+
+
+def _ends_inward(num_layers: int) -> list[int]:
+    """Blocks from the ends inward: 0, L-1, 1, L-2, ..."""
+    return [layer for i in range((num_layers + 1) // 2) for layer in dict.fromkeys((i, num_layers - 1 - i))]
+
+
+def _ends(num_layers: int, first: int, last: int) -> set[int]:
+    return set(range(min(first, num_layers))) | set(range(max(0, num_layers - last), num_layers))
+
+
+def _units(ctx: PlanContext) -> list[tuple[GemmId, ...]]:
+    """Decision units at ``ctx.granularity``, canonical order."""
+    gids = all_gemm_ids(ctx.num_layers)
+    if ctx.granularity == "gemm":
+        return [(g,) for g in gids]
+    return [tuple(gids[i : i + len(GEMMS)]) for i in range(0, len(gids), len(GEMMS))]
+
+
+def layer_type_entries(ctx: PlanContext, protected: tuple[str, ...]) -> dict[GemmId, str]:
+    if ctx.fair_share:
+        block = {layer: i for i, layer in enumerate(_ends_inward(ctx.num_layers))}
+        kind = {lin: i for i, lin in enumerate(protected + tuple(lin for lin in LINEARS if lin not in protected))}
+        order = sorted(_units(ctx), key=lambda u: (u[0].linear not in protected, block[u[0].layer], kind[u[0].linear]))
+        return _protect_down_to_target(ctx, order)
+    hi, lo = ctx.high_format, ctx.fp4_format
+    entries = {g: hi if g.linear in protected else lo for g in all_gemm_ids(ctx.num_layers)}
+    targets = Targets(ctx)
+    if targets.meets(entries):
+        return entries
+    # Move protected units to FP4 from the middle blocks outward; within a block the
+    # last-listed (least protected) linear type goes first.
+    mid = (ctx.num_layers - 1) / 2
+    rank = {lin: i for i, lin in enumerate(reversed(protected))}
+    movable = [u for u in _units(ctx) if u[0].linear in protected]
+    movable.sort(key=lambda u: (abs(u[0].layer - mid), u[0].layer, rank[u[0].linear]))
+    already = sum(ctx.linear_numel[g.linear] for g, f in entries.items() if f == lo)
+    k = _prefix_to_meet(movable, ctx.linear_numel, _need(entries, ctx.linear_numel, ctx.fp4_target) - already)
+    for unit in movable[:k]:
+        for g in unit:
+            entries[g] = lo
+    _move_until_met(entries, movable[k:], lo, targets, entries)
+    return entries
+
+
+def random_entries(ctx: PlanContext) -> dict[GemmId, str]:
+    hi, lo = ctx.high_format, ctx.fp4_format
+    rng = np.random.default_rng(ctx.seed)
+    units = _units(ctx)
+    if ctx.fair_share:
+        return _protect_down_to_target(ctx, [units[i] for i in rng.permutation(len(units))])
+    entries = {g: hi for u in units for g in u}
+    stage_of = ctx.stage_of_layer or {}
+    groups: dict[int, list[tuple[GemmId, ...]]] = {}
+    for u in units:
+        groups.setdefault(stage_of.get(u[0].layer, 0), []).append(u)
+    # One permutation of all units, then each stage fills FP4 in that order until its
+    # own share reaches rho (so the global share does too).
+    order = {u: r for r, u in enumerate(units[i] for i in rng.permutation(len(units)))}
+    for members in groups.values():
+        members = sorted(members, key=order.__getitem__)
+        group_entries = {g: hi for u in members for g in u}
+        k = _prefix_to_meet(members, ctx.linear_numel, _need(group_entries, ctx.linear_numel, ctx.fp4_target))
+        for unit in members[:k]:
+            for g in unit:
+                entries[g] = lo
+                group_entries[g] = lo
+        _move_until_met(entries, members[k:], lo, Targets(ctx), group_entries)
+    return entries
+
+
+def _move_until_met(entries: dict[GemmId, str], order: list[tuple[GemmId, ...]], lo: str, targets: Targets,
+                    scope: dict[GemmId, str]) -> None:
+    """Under a time budget, move units of ``order`` to ``lo`` one at a time until ``scope`` (the
+    entries of the GEMMs the budget is checked over, updated alongside ``entries``) meets the
+    targets. Nothing to do without a budget: the FP4 prefix before it already met rho."""
+    if targets.t is None:
+        return
+    for unit in order:
+        if targets.meets(scope):
+            return
+        for g in unit:
+            entries[g] = scope[g] = lo
+
+
+def _need(entries: Mapping[GemmId, str], numel: Mapping[str, int], rho: float) -> int:
+    """Smallest integer FP4 weight (sum of K*N) meeting rho over ``entries``' GEMMs, exact."""
+    total = sum(numel[g.linear] for g in entries)
+    return math.ceil(Fraction(repr(float(rho))) * total)  # rho as typed (0.9 = 9/10), exact
+
+
+def _meets(entries: Mapping[GemmId, str], numel: Mapping[str, int], rho: float) -> bool:
+    fp4 = sum(numel[g.linear] for g, f in entries.items() if f in FP4_FORMATS)
+    return fp4 >= _need(entries, numel, rho)
+
+
+def _prefix_to_meet(units: list[tuple[GemmId, ...]], numel: Mapping[str, int], need: int) -> int:
+    """Length of the shortest prefix of ``units`` whose FLOP weight reaches ``need`` (all if never)."""
+    if need <= 0:
+        return 0
+    cum = np.cumsum([sum(numel[g.linear] for g in u) for u in units], dtype=np.int64)
+    return min(int(np.searchsorted(cum, need)) + 1, len(units))
+
+
