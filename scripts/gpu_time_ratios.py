@@ -9,17 +9,17 @@ For each of the 1B model's linears (TinyLlama: d=2048, ffn 5632; T = 8 x 2048 to
 ``quant_linear`` forward+backward (fprop, dgrad, wgrad) through the ``torch`` backend under BF16
 autocast, per format, against the same with format ``bf16``; the ratio is the summed time over
 the linears. Formats the backend runs emulated here are marked, and the table's value is printed
-next to each measurement. Timing: CUDA events, median of ``--reps`` after two warm-up calls.
+next to each measurement. Timing: ``gpu_check.timed`` (CUDA events, median of ``--reps`` after two
+warm-up calls). ``scripts/gpu_check.sh`` runs it after the device check.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 
 import torch
+from gpu_check import timed  # scripts/ is on the path: this file runs as a script from there
 
 from megatron_snip.precision import capability
 from megatron_snip.precision.backends import get_backend
@@ -27,26 +27,6 @@ from megatron_snip.precision.plan import GemmPrecision
 
 # (K, N) of each 1B linear: qkv 2048 -> 2048 + 2*256 (4 KV heads of 64), proj, fc1 (gate+up), fc2.
 LINEARS_1B = ((2048, 2560), (2048, 2048), (2048, 11264), (5632, 2048))
-
-
-def median_time(fn, device: torch.device, reps: int) -> float:
-    """Median seconds of ``fn()`` over ``reps`` calls after two warm-up calls."""
-    fn()
-    fn()
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def measure(formats: list[str], device: torch.device, tokens: int, shapes, reps: int) -> dict[str, float]:
@@ -65,7 +45,7 @@ def measure(formats: list[str], device: torch.device, tokens: int, shapes, reps:
                 x.grad = w.grad = None
                 backend.linear(x, w, GemmPrecision.uniform(fmt)).backward(dy)
 
-    times = {f: median_time(lambda f=f: step(f), device, reps) for f in ("bf16", *formats)}
+    times = {f: timed(lambda f=f: step(f), device, reps) for f in ("bf16", *formats)}
     return {f: t / times["bf16"] for f, t in times.items()}
 
 

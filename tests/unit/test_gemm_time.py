@@ -227,9 +227,12 @@ def test_dry_run_warns_when_a_plan_is_slower_than_bf16():
 def test_gpu_time_ratios_script_smoke(capsys):
     """scripts/gpu_time_ratios.py (the device check of the table) runs end to end on CPU toy shapes."""
     import importlib.util
+    import sys
     from pathlib import Path
 
-    path = Path(__file__).parents[2] / "scripts" / "gpu_time_ratios.py"
+    scripts = Path(__file__).parents[2] / "scripts"
+    sys.path.insert(0, str(scripts))  # as when it runs from there: it imports gpu_check
+    path = scripts / "gpu_time_ratios.py"
     spec = importlib.util.spec_from_file_location("gpu_time_ratios", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
