@@ -2,8 +2,9 @@
 TP=2 x PP=2 to TP=1 and back.
 
 Tolerances: the sharded forward sums partial GEMMs over TP (proj, fc2, embedding) in another
-order than one rank does, so logits agree with transformers' to 1e-5 (fp32), not bitwise
-(measured: 6.9e-6 at a logit std of 1.3); the resumed losses after resharding likewise differ
+order than one rank does, so logits agree with transformers' within the fp32 rounding scale
+(tests/hf_tolerance.py: 4x the reference's own fp32-vs-fp64 distance), not bitwise (measured:
+6.9e-6 at a logit std of 1.3); the resumed losses after resharding likewise differ
 from the unconverted resume only by that reordering: 1e-6 relative required (measured 9.8e-8).
 """
 
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from dist_harness import SMALL_MULTI_RANK, TINY, run_ranks
+from hf_tolerance import logits_atol
 
 from megatron_snip.config import load_config
 from megatron_snip.training import reshard
@@ -71,7 +73,7 @@ def test_hf_import_at_tp2_pp2_matches_transformers(tmp_path):
     got = [r for r in res if r is not None]
     assert len(got) == 2  # both TP ranks of the last stage
     for logits in got:
-        torch.testing.assert_close(logits, want, atol=1e-5, rtol=0)
+        torch.testing.assert_close(logits, want, atol=logits_atol(ref, tokens), rtol=0)
 
 
 def _train_worker(rank: int, world: int, overrides: list[str], steps: int, resume: bool) -> list[float]:

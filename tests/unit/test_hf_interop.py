@@ -7,7 +7,8 @@ mapping cannot hide under the tolerance.
 
 Tolerance: our fp32 forward and HF's do the same operations in the same order except the
 attention kernel (both SDPA, possibly different paths) and RoPE's cos/sin from an outer product
-vs a matmul; we require 1e-5 absolute on the logits (measured: 0 on this machine).
+vs a matmul; logits agree within 4x the reference's own fp32-vs-fp64 distance
+(tests/hf_tolerance.py says why; 0 difference on the development machine).
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ from megatron_snip.parallel.topology import TensorParallel  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import make_tiny_hf  # noqa: E402
+from hf_tolerance import logits_atol  # noqa: E402
 
 VOCAB = 128
-ATOL = 1e-5
 
 
 def _spread(model, seed: int = 1) -> None:
@@ -76,7 +77,7 @@ def test_import_logits_equal_transformers(tmp_path, kind):
     with torch.no_grad():
         want, got = ref(x).logits, ours(x)
     assert want.std() > 0.5  # the weights' spread makes the comparison meaningful
-    torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+    torch.testing.assert_close(got, want, atol=logits_atol(ref, x), rtol=0)
 
 
 def test_export_loads_in_transformers_with_equal_logits(tmp_path):
@@ -92,7 +93,7 @@ def test_export_loads_in_transformers_with_equal_logits(tmp_path):
     back = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "out").eval()
     x = _tokens()
     with torch.no_grad():
-        torch.testing.assert_close(back(x).logits, ours(x), atol=ATOL, rtol=0)
+        torch.testing.assert_close(back(x).logits, ours(x), atol=logits_atol(back, x), rtol=0)
 
 
 @pytest.mark.parametrize("kw", [{}, {"tie": True, "rope_scaling": make_tiny_hf.LLAMA3_SCALING}],
@@ -119,7 +120,7 @@ def test_import_export_import_is_bit_exact(tmp_path, kw):
     assert hf.model_config_from_hf(hf.read_hf_config(tmp_path / "b")) == hf.model_config_from_hf(hf.read_hf_config(hf_dir))
     ref = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "b").eval()
     with torch.no_grad():
-        torch.testing.assert_close(ref(_tokens()).logits, again(_tokens()), atol=ATOL, rtol=0)
+        torch.testing.assert_close(ref(_tokens()).logits, again(_tokens()), atol=logits_atol(ref, _tokens()), rtol=0)
 
 
 def test_tp_shards_read_only_their_slices(tmp_path):
