@@ -496,7 +496,8 @@ def weight_error(lin: PrecisionLinear, fmt: str, *, generator: torch.Generator |
     w = lin.weight.detach().float()
     if fmt == "bf16":
         return torch.zeros_like(w)
-    return quantize(w, fmt, Operand.WEIGHT, generator=generator, amax_reduce=lin.amax_reduce, compiled=compiled) - w
+    reduce = AmaxReducers.of(lin.amax_reduce).w  # the weight's rule under precision.tp_amax, as quant_linear's
+    return quantize(w, fmt, Operand.WEIGHT, generator=generator, amax_reduce=reduce, compiled=compiled) - w
 
 
 def operand_error(lin: PrecisionLinear, x_tk: torch.Tensor, w_nk: torch.Tensor, fmt: str, which: str, *,
