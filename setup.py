@@ -39,6 +39,8 @@ setup(
         "kernels": ["triton>=3.6"],
         # logging.tensorboard (telemetry/tensorboard_sink.py)
         "tensorboard": ["tensorboard>=2.14"],
+        # the standard harness on exported checkpoints (README "Evaluating checkpoints"; CI runs its test)
+        "eval": ["lm_eval>=0.4", "accelerate>=0.26"],
     },
     entry_points={"console_scripts": ["megatron-snip=megatron_snip.train:main"]},
 )
