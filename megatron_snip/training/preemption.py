@@ -3,9 +3,23 @@
 SLURM sends ``SIGUSR1`` ahead of the time limit when asked (``#SBATCH --signal=B:USR1@300``,
 forwarded to the workers by ``launch/slurm/train.sbatch``); torchrun forwards ``SIGTERM`` (and
 ``SIGUSR1`` with ``--signals-to-handle``) to its workers on shutdown; ``kill`` and ``scancel``
-send ``SIGTERM``. The handler only records the signal: the training loop checks it at the next
-step boundary, all ranks agree, save a checkpoint and leave with ``EXIT_PREEMPTED`` so the
+send ``SIGTERM``. The handler only records the signal: the training loop checks it at a step
+boundary, all ranks agree, save a checkpoint and leave with ``EXIT_PREEMPTED`` so the
 job can be requeued and resume with ``training.resume = "auto"``. ``SIGINT`` (Ctrl-C) asks the same.
+
+When the stop comes. A single process stops at the next boundary. In a distributed run each rank
+puts its flag into a step's flag all-reduce (after forward/backward, before the optimizer update)
+and every rank reads the reduced flag one step later without a host sync
+(``step_guard.LaggedFlags``): a signal that reaches any rank before its step ``j`` reduces the
+flags stops every rank after step ``j + 1``; one that lands in step ``j``'s short tail after that
+all-reduce (the optimizer update, the parameter norm) after step ``j + 2``; a log, eval or save
+step in between stops the run there. In time, from the signal to the checkpoint's start: under two
+step times plus that tail where the host waits for each step (CPU; a GPU run whose optimizer
+reads its skip flag on the host); under four GPU step times with a fused optimizer, whose host
+queues up to about one step ahead of the GPU and samples the flag when it queues a step; plus any
+evaluation or re-plan at those boundaries. ``training.preempt_grace_s`` must cover that and the
+checkpoint write (180 s: GPU steps up to about 30 s with a 60 s write), and the scheduler's
+warning must exceed it.
 
 A step boundary can be far away (a long step, an evaluation, a re-plan), and schedulers and
 people expect a second signal to end a process at once. So after the first signal a watcher
@@ -114,7 +128,7 @@ class StopSignal:
                     self._force(sig, f"a second stop signal ({sig.name}, after {first[0].name})")
             if first is not None and self.grace_s and not ready:
                 self._force(first[0], f"training.preempt_grace_s={self.grace_s:g} s passed after {first[0].name} "
-                                      f"without reaching a step boundary")
+                                      f"before the run stopped at a step boundary")
 
     def _force(self, sig: signal.Signals, why: str) -> None:
         try:

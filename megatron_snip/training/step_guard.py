@@ -16,6 +16,12 @@ all-reduce over the world group, before the optimizer step.
   step). Only then are skipped steps counted and logged, and ``TrainingStopped`` raised for a run
   of non-finite steps or a ruinous update - always before a checkpoint is written, so no
   checkpoint ever holds the weights a guard refused.
+* **Stops one step late, not one interval late.** ``LaggedFlags`` copies each step's stop flag
+  and post-step guard flag to the host without waiting (CUDA: into pinned memory, then an event)
+  and hands them back at the next step boundary, when the next step's work is queued behind them:
+  every rank learns step ``s``'s flags after step ``s + 1`` and acts on them there (a stop, or a
+  read that raises the ruinous update), identically, since the flags are the same on every rank.
+  Read steps still read everything, the current step included, so a save never waits on the lag.
 """
 
 from __future__ import annotations
@@ -164,3 +170,55 @@ def ruinous_update_stop(rec: StepRecord, growth: float, lr: float, last_checkpoi
         f"before these weights were saved - {last_checkpoint} holds good weights. Lower training.lr (now {lr}) "
         f"or raise precision, then resume with training.resume=auto")
 
+
+
+@dataclass(frozen=True)
+class LateFlags:
+    """Step ``step``'s stop flag and post-step guard flag (``StepResult.stop_t``,
+    ``bad_update_t``), read on the host one step later by ``LaggedFlags``."""
+
+    step: int
+    stop: bool
+    refused: bool
+
+
+class LaggedFlags:
+    """Each step's stop and refused flags on the host a step later, without draining the stream.
+
+    ``exchange(res)`` starts the copy of ``res``'s two flags (2 fp32) into a host buffer and
+    returns the flags of the step posted before it (``None`` at the first call). On CUDA the
+    buffer is pinned, the copy ``non_blocking`` on the current stream (which the flag all-reduce
+    and the parameter-norm kernels precede) and an event is recorded after it; the read waits on
+    that event alone (``Event.synchronize``), not on the stream, so the step queued since runs on:
+    in practice the event has long completed. Elsewhere the copy is a plain one. Two buffers
+    alternate: step ``s``'s copy may land before step ``s - 1``'s buffer is read. The read goes
+    through the buffer's numpy view: host memory, not a read of a device tensor (so
+    ``telemetry.host_syncs`` does not count it).
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self._cuda = device.type == "cuda"
+        self._buffers = [torch.zeros(2, pin_memory=self._cuda) for _ in range(2)]
+        self._events = [torch.cuda.Event() if self._cuda else None for _ in range(2)]
+        self._posted: tuple[int, int] | None = None  # (step, buffer index) of the unread copy
+
+    def _start_copy(self, slot: int, flags: torch.Tensor) -> None:
+        self._buffers[slot].copy_(flags, non_blocking=self._cuda)
+        if self._cuda:
+            self._events[slot].record()
+
+    def _wait(self, slot: int) -> None:
+        if self._cuda:
+            self._events[slot].synchronize()
+
+    def exchange(self, res: StepResult) -> LateFlags | None:
+        previous = self._posted
+        slot = 0 if previous is None else 1 - previous[1]
+        self._start_copy(slot, torch.stack([res.stop_t, res.bad_update_t]).float())
+        self._posted = (res.step, slot)
+        if previous is None:
+            return None
+        step, old = previous
+        self._wait(old)
+        stop, refused = self._buffers[old].numpy()
+        return LateFlags(step, bool(stop > 0), bool(refused > 0))

@@ -61,6 +61,8 @@ from megatron_snip.training.preemption import StopSignal, TrainingPreempted, des
 from megatron_snip.training.resolve import resolve_autocast_dtype, resolve_device, resolve_initial_plan
 from megatron_snip.training.run_dir import RunDirectory
 from megatron_snip.training.step_guard import (
+    LaggedFlags,
+    LateFlags,
     StepLedger,
     StepRecord,
     StepResult,
@@ -376,10 +378,12 @@ class Trainer:
         Every ``log_interval`` steps rank 0 prints one line (``telemetry.logger.step_line``),
         whatever the progress bar does. Step outcomes are read on the host only at log, eval and
         save steps and the last step (``step_guard.StepLedger``); skipped steps are logged and the
-        guards' stops raised there, before any checkpoint. SIGTERM/SIGUSR1 (``training.preemption``)
-        make every rank stop at a step boundary (the next one in a single process; in a distributed
-        run the next read step, the flag travelling in each step's all-reduce), save a checkpoint
-        and raise ``TrainingPreempted``."""
+        guards' stops raised there, before any checkpoint. Each step's stop and post-step guard
+        flags also reach the host one step later (``step_guard.LaggedFlags``): a refused update is
+        raised after the next step, not at the next read step. SIGTERM/SIGUSR1
+        (``training.preemption``) make every rank stop at a step boundary (the next one in a single
+        process; in a distributed run the one after the next step at the latest, the flag
+        travelling in each step's all-reduce), save a checkpoint and raise ``TrainingPreempted``."""
         t = self.cfg.training
         callbacks = callbacks or []
         tokens_per_step = t.global_batch_size * t.seq_len
@@ -387,7 +391,7 @@ class Trainer:
             self.logger.info(f"model: {self.grads.global_numel() / 1e6:.2f}M parameters, vocab {self.vocab_size}, "
                              f"{self.topo.describe()}, device {self.device}, autocast {self.autocast_dtype}, "
                              f"plan {self.plan.policy} (FP4 share {self.plan.fp4_flops_share:.2f})")
-        window, ledger = _LogWindow(), StepLedger()
+        window, ledger, lagged = _LogWindow(), StepLedger(), LaggedFlags(self.device)
         fit_start, first_step = time.perf_counter(), self.step
         last_eval: dict[str, float] = {}
         last_loss = math.nan
@@ -403,10 +407,12 @@ class Trainer:
                     self.logger.info(line)
                 self.step = step + 1
                 ledger.add(res, time.perf_counter() - t0, fp4_share=self.plan.fp4_flops_share)
+                late = lagged.exchange(res)  # the step before's stop and guard flags, read without a sync
                 logged = self.step % t.log_interval == 0 or self.step == t.max_steps
                 evaluated = self.step % t.eval_interval == 0 or self.step == t.max_steps
                 saved = bool(t.save_interval and self.step % t.save_interval == 0) or self.step == t.max_steps
-                records = self._settle(ledger, window, t0) if logged or evaluated or saved else []
+                refused = late is not None and late.refused  # the read raises it (step_guard.ruinous_update_stop)
+                records = self._settle(ledger, window, t0) if logged or evaluated or saved or refused else []
                 metrics: dict[str, Any] = {}
                 if records and (logged or records[-1].skipped):
                     metrics.update(self._step_metrics(records[-1]))
@@ -434,15 +440,15 @@ class Trainer:
                     self.save()
                 for cb in callbacks:
                     cb.after_step(self, step)
-                if self._stop_requested(stop, records):
+                if self._stop_requested(stop, records, late):
                     if not saved:
-                        late = self._settle(ledger, window, t0)  # the guards speak before the checkpoint
-                        if late and late[-1].skipped:
-                            self.logger.log_metrics(self.step, self._step_metrics(late[-1]))
+                        unread = self._settle(ledger, window, t0)  # the guards speak before the checkpoint
+                        if unread and unread[-1].skipped:
+                            self.logger.log_metrics(self.step, self._step_metrics(unread[-1]))
                         self.save()
                     raise TrainingPreempted(
-                        f"received {stop.received.name if stop.received else 'a stop signal (on another rank)'} "
-                        f"during step {step}: checkpoint {ckpt.step_dir(self.ckpt_root, self.step)} written; "
+                        f"received {stop.received.name if stop.received else 'a stop signal (on another rank)'}; "
+                        f"stopped after step {step}: checkpoint {ckpt.step_dir(self.ckpt_root, self.step)} written; "
                         f"resume with training.resume=auto (the launchers' default)")
             self._stop = None
         return last_eval
@@ -483,13 +489,13 @@ class Trainer:
                 "tokens_per_s": t.global_batch_size * t.seq_len / rec.dt, "skipped_steps": self.skipped_steps,
                 "fp4_share": rec.host["fp4_share"], **self.throughput.metrics(rec.dt)}
 
-    def _stop_requested(self, stop: StopSignal, records: list[StepRecord]) -> bool:
+    def _stop_requested(self, stop: StopSignal, records: list[StepRecord], late: LateFlags | None) -> bool:
         """Whether any rank received a preemption signal (one decision for all ranks): in a single
         process the handler's own flag, at once; in a distributed run the flag each step reduced
-        with its skip flag, as read at the last read step (``records``)."""
+        with its skip flag, read a step later (``late``) or at a read step (``records``)."""
         if not self.topo.is_distributed:
             return stop.received is not None
-        return any(rec.stop for rec in records)
+        return any(rec.stop for rec in records) or (late is not None and late.stop)
 
     # --- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -93,7 +93,7 @@ def test_grace_deadline_ends_the_process_after_one_signal():
     proc.send_signal(signal.SIGINT)
     code, err = _ended_within(proc, 15)
     assert code == 128 + signal.SIGINT and time.monotonic() - sent >= 1.5, (code, err)
-    assert "training.preempt_grace_s=1.5 s passed after SIGINT without reaching a step boundary" in err, err
+    assert "training.preempt_grace_s=1.5 s passed after SIGINT before the run stopped at a step boundary" in err, err
 
 
 def test_second_sigterm_during_a_long_training_step_names_the_checkpoint_resume_uses(tmp_path):

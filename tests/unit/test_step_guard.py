@@ -11,8 +11,16 @@ import torch
 
 from megatron_snip.config import load_config
 from megatron_snip.telemetry.host_syncs import count_host_syncs
+from megatron_snip.training import checkpoint as ckpt
 from megatron_snip.training import trainer as trainer_mod
-from megatron_snip.training.step_guard import optimizer_step, takes_found_inf, update_refused
+from megatron_snip.training.step_guard import (
+    LaggedFlags,
+    LateFlags,
+    StepResult,
+    optimizer_step,
+    takes_found_inf,
+    update_refused,
+)
 from megatron_snip.training.trainer import Trainer, TrainingStopped
 
 TINY = "launch/configs/tiny.toml"
@@ -170,3 +178,66 @@ def test_zero1_on_the_fused_kernel_skips_on_the_device(small_overrides):
     assert all(torch.equal(a, b) for a, b in zip(params, tr.model.parameters()))
     assert all(torch.equal(st[k], now[k]) for st, now in zip(state, tr.optimizer.shard_state) for k in st)
     tr.logger.close()
+
+
+# --- the stop and guard flags, on the host one step later (LaggedFlags) ---------------------------
+def _result(step: int, stop: bool, refused: bool) -> StepResult:
+    zero = torch.tensor(0.0)
+    return StepResult(step, zero, zero, zero, torch.tensor(float(stop)), zero, zero, torch.tensor(float(refused)))
+
+
+class _ModelledStream(LaggedFlags):
+    """``LaggedFlags`` over a model of its CUDA path: a copy launched on the stream lands at some
+    time between its launch and the completion of the event recorded after it, in stream order -
+    here either at once (``eager``) or only when that event is waited on."""
+
+    def __init__(self, eager: bool) -> None:
+        super().__init__(torch.device("cpu"))
+        self.eager, self.queued = eager, []  # launched copies not landed yet: (buffer index, values)
+
+    def _start_copy(self, slot, flags):
+        self.queued.append((slot, flags.clone()))
+        if self.eager:
+            self._land(len(self.queued))
+
+    def _wait(self, slot):  # its event follows the newest copy into ``slot``
+        launched = [i for i, (s, _) in enumerate(self.queued) if s == slot]
+        self._land(launched[-1] + 1 if launched else 0)
+
+    def _land(self, n):
+        for slot, values in self.queued[:n]:
+            self._buffers[slot].copy_(values)
+        del self.queued[:n]
+
+
+@pytest.mark.parametrize("make", [lambda: LaggedFlags(torch.device("cpu")), lambda: _ModelledStream(eager=True),
+                                  lambda: _ModelledStream(eager=False)], ids=["cpu", "copy_lands_at_once", "lands_at_wait"])
+def test_lagged_flags_hand_back_the_step_before(make):
+    """Each exchange returns the previous step's flags, whenever the asynchronous copies land: the
+    read waits for its own copy, and the next step's copy goes to the other buffer."""
+    flags = make()
+    pattern = [(False, False), (True, False), (False, True), (True, True), (False, False)]
+    got = [flags.exchange(_result(s, *f)) for s, f in enumerate(pattern)]
+    assert got == [None] + [LateFlags(s, *f) for s, f in enumerate(pattern[:-1])]
+
+
+def test_lagged_flags_are_not_device_reads():
+    flags = LaggedFlags(torch.device("cpu"))
+    with count_host_syncs() as syncs:
+        for s in range(3):
+            flags.exchange(_result(s, True, False))
+    assert syncs.count == 0, syncs.where
+
+
+def test_a_ruinous_update_stops_after_the_next_step_not_at_the_next_read(small_overrides, tmp_path, monkeypatch):
+    """Step 5's update is refused; its flag reaches the host after step 6 and the read there
+    raises, before the save of step 8 (log steps every 10: the run used to stop at 8)."""
+    real = trainer_mod.lr_at
+    monkeypatch.setattr(trainer_mod, "lr_at", lambda step, cfg: 1e6 if step == 5 else real(step, cfg))
+    tr = Trainer(load_config(TINY, small_overrides + ["training.max_steps=12", "training.log_interval=10",
+                                                     "training.save_interval=4", "training.eval_interval=100"]))
+    with pytest.raises(TrainingStopped, match=r"^step 5: .* the last checkpoint \(step 4, "):
+        tr.fit()
+    tr.logger.close()
+    assert tr.step == 7
+    assert ckpt.list_checkpoints(tmp_path / "run" / "checkpoints") == [4]
