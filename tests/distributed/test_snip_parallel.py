@@ -115,7 +115,7 @@ def _reuse_worker(rank, world, overrides):
     topo = None
     params, reused = [], []
     for reuse in ("true", "false"):
-        cfg = load_config(TINY, overrides + [f"snip.reuse_step={reuse}", f"training.run_dir={overrides[-1]}{reuse}"])
+        cfg = load_config(TINY, overrides + [f"snip.reuse_step={reuse}", f"{overrides[-1]}{reuse}"])
         topo = topo or init_distributed(cfg.parallel.tp, cfg.parallel.pp, device_type="cpu", timeout_s=120)
         tr = Trainer(cfg, topo)
         tr.train_step(0)
