@@ -8,18 +8,18 @@ boundary, all ranks agree, save a checkpoint and leave with ``EXIT_PREEMPTED`` s
 job can be requeued and resume with ``training.resume = "auto"``. ``SIGINT`` (Ctrl-C) asks the same.
 
 When the stop comes. A single process stops at the next boundary. In a distributed run each rank
-puts its flag into a step's flag all-reduce (after forward/backward, before the optimizer update)
-and every rank reads the reduced flag one step later without a host sync
-(``step_guard.LaggedFlags``): a signal that reaches any rank before its step ``j`` reduces the
-flags stops every rank after step ``j + 1``; one that lands in step ``j``'s short tail after that
-all-reduce (the optimizer update, the parameter norm) after step ``j + 2``; a log, eval or save
-step in between stops the run there. In time, from the signal to the checkpoint's start: under two
-step times plus that tail where the host waits for each step (CPU; a GPU run whose optimizer
-reads its skip flag on the host); under four GPU step times with a fused optimizer, whose host
-queues up to about one step ahead of the GPU and samples the flag when it queues a step; plus any
-evaluation or re-plan at those boundaries. ``training.preempt_grace_s`` must cover that and the
-checkpoint write (180 s: GPU steps up to about 30 s with a 60 s write), and the scheduler's
-warning must exceed it.
+puts its flag (``StopSignal.flag_on``) into a step's flag all-reduce (after forward/backward,
+before the optimizer update) and every rank reads the reduced flag one step later without a host
+sync (``step_guard.LaggedFlags``): a signal that reaches any rank before its step ``j`` reduces
+the flags stops every rank after step ``j + 1``; one that lands in step ``j``'s short tail after
+that all-reduce (the optimizer update, the parameter norm) after step ``j + 2``; a log, eval or
+save step in between stops the run there. On CUDA, ``j`` is the step the GPU is running, not the
+one the host is queuing (a fused optimizer lets the host run about a step ahead): the flag is a
+copy from pinned memory that the watcher thread sets as the signal arrives, read when the GPU
+reaches it. In time, from the signal to the checkpoint's start: under two step times plus one
+step's tail, plus any evaluation or re-plan at those boundaries. ``training.preempt_grace_s``
+must cover that and the checkpoint write (180 s: steps up to about a minute with a 60 s write),
+and the scheduler's warning must exceed it.
 
 A step boundary can be far away (a long step, an evaluation, a re-plan), and schedulers and
 people expect a second signal to end a process at once. So after the first signal a watcher
@@ -46,6 +46,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Self
 
+import torch
+
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: a checkpoint was written, requeue and resume
 
@@ -69,7 +71,8 @@ class StopSignal:
     """Context manager recording the first of ``PREEMPT_SIGNALS`` received (main thread only;
     elsewhere it records nothing), and ending the process at once on a second one or after
     ``grace_s`` seconds (0: no deadline). ``last_checkpoint()`` describes the newest committed
-    checkpoint for that exit's message. Restores the previous handlers on exit."""
+    checkpoint for that exit's message. ``flag_on(device)`` is the flag a step reduces over the
+    ranks. Restores the previous handlers on exit."""
 
     def __init__(self, grace_s: float = 0.0, last_checkpoint: Callable[[], str] | None = None) -> None:
         self.received: signal.Signals | None = None
@@ -78,10 +81,23 @@ class StopSignal:
         self._previous: dict[int, object] = {}
         self._previous_fd: int | None = None
         self._pair: tuple[socket.socket, socket.socket] | None = None
+        self._flag = torch.zeros(())  # 1.0 once a signal came; set by the watcher thread at once
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is None:
             self.received = signal.Signals(signum)
+
+    def flag_on(self, device: torch.device) -> torch.Tensor:
+        """This rank's stop flag (0-d fp32 on ``device``: 1.0 once a stop signal came) for a step's
+        flag all-reduce, without a host sync. On CUDA it is a ``non_blocking`` copy of a pinned host
+        flag that the watcher thread sets as the signal arrives: the copy reads it when the GPU
+        reaches it, not when the host queues the step, which a fused optimizer lets run about a step
+        ahead (see "When the stop comes" above)."""
+        if device.type == "cuda" and not self._flag.is_pinned():
+            self._flag = self._flag.pin_memory()
+        if self.received is not None:  # the watcher may not have run yet (or signals came elsewhere)
+            self._flag.fill_(1.0)
+        return self._flag.to(device, non_blocking=True, copy=True)
 
     def __enter__(self) -> Self:
         if threading.current_thread() is threading.main_thread():
@@ -124,6 +140,7 @@ class StopSignal:
                 sig = signal.Signals(signum)
                 if first is None:
                     first = (sig, time.monotonic())
+                    self._flag.fill_(1.0)  # read by the GPU's next flag copy, even if the main thread is busy
                 else:
                     self._force(sig, f"a second stop signal ({sig.name}, after {first[0].name})")
             if first is not None and self.grace_s and not ready:

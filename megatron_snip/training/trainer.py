@@ -351,9 +351,9 @@ class Trainer:
         clip = self.cfg.training.grad_clip or math.inf
         grad_norm = self.grads.clip_(clip).float()
         # One decision for all ranks: any rank seeing a non-finite loss or norm skips everywhere. The
-        # preemption flag rides in the same all-reduce (filled on the device: no host copy).
+        # preemption flag rides in the same all-reduce (copied to the device without a host sync).
         bad = (~torch.isfinite(loss) | ~torch.isfinite(grad_norm)).float().reshape(())
-        stop = torch.full((), 1.0 if self._stop is not None and self._stop.received else 0.0, device=bad.device)
+        stop = self._stop.flag_on(bad.device) if self._stop is not None else torch.zeros((), device=bad.device)
         flags = comm.all_reduce_max(torch.stack([bad, stop]), self.topo.world_group)
         skipped = flags[0]
         optimizer_step(self.optimizer, skipped)  # NaN/Inf guard: a skip leaves weights and optimizer state untouched

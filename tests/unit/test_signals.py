@@ -14,9 +14,11 @@ import sys
 import time
 from pathlib import Path
 
+import torch
 from conftest import SMALL
 
 from megatron_snip.training import checkpoint as ckpt
+from megatron_snip.training.preemption import StopSignal
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -111,3 +113,25 @@ def test_second_sigterm_during_a_long_training_step_names_the_checkpoint_resume_
     assert f"The newest committed checkpoint is step 2 ({run / 'checkpoints' / 'step_000002'})" in err, err
     assert ckpt.list_checkpoints(run / "checkpoints") == [2]
     ckpt.verify(run / "checkpoints", 2)  # intact: nothing was lost that had been committed
+
+
+def test_the_stop_flag_a_step_reduces_follows_the_signal():
+    with StopSignal() as stop:
+        assert float(stop.flag_on(torch.device("cpu"))) == 0.0
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert stop.received == signal.SIGUSR1
+        assert float(stop.flag_on(torch.device("cpu"))) == 1.0
+
+
+def test_the_watcher_sets_the_stop_flag_while_the_main_thread_is_in_a_c_call():
+    """CPython's C-level handler writes the signal number to the wakeup fd at once; the Python
+    handler (``received``) waits until the main thread is back in the interpreter - on a GPU run
+    it may sit in a CUDA event wait. The watcher thread sets the pinned flag a step's copy reads
+    from that byte alone (written here directly, as the C handler does)."""
+    with StopSignal() as stop:
+        stop._pair[1].send(bytes([signal.SIGTERM]))
+        deadline = time.monotonic() + 30
+        while not float(stop._flag) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert stop.received is None  # no Python handler ran: the flag came from the watcher
+        assert float(stop.flag_on(torch.device("cpu"))) == 1.0
