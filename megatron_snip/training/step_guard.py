@@ -171,7 +171,6 @@ def ruinous_update_stop(rec: StepRecord, growth: float, lr: float, last_checkpoi
         f"or raise precision, then resume with training.resume=auto")
 
 
-
 @dataclass(frozen=True)
 class LateFlags:
     """Step ``step``'s stop flag and post-step guard flag (``StepResult.stop_t``,
