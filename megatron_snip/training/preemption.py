@@ -18,7 +18,7 @@ one the host is queuing (a fused optimizer lets the host run about a step ahead)
 copy from pinned memory that the watcher thread sets as the signal arrives, read when the GPU
 reaches it. In time, from the signal to the checkpoint's start: under two step times plus one
 step's tail, plus any evaluation or re-plan at those boundaries. ``training.preempt_grace_s``
-must cover that and the checkpoint write (180 s: steps up to about a minute with a 60 s write),
+must cover that and the checkpoint write (180 s: steps up to about 50 s with a 60 s write),
 and the scheduler's warning must exceed it.
 
 A step boundary can be far away (a long step, an evaluation, a re-plan), and schedulers and
