@@ -117,7 +117,8 @@ def solve(args: argparse.Namespace, path: Path, snapshot: Mapping[str, Any]) -> 
         plot_pareto(points, out / "pareto.png", title=f"{args.policy}: predicted divergence vs FP4 target")
     else:
         rows = time_pareto(problem, ctx)
-        plot_pareto([(r["gemm_time_ratio"] or r["time_budget"], r["objective"]) for r in rows], out / "pareto.png",
+        at = [(r["time_budget"] if r["gemm_time_ratio"] is None else r["gemm_time_ratio"], r["objective"]) for r in rows]
+        plot_pareto(at, out / "pareto.png",
                     title=f"{args.policy}: predicted divergence vs modeled GEMM time",
                     xlabel="modeled GEMM time / BF16 (x: infeasible budget)")
     (out / "pareto.json").write_text(json.dumps(rows, indent=1))
