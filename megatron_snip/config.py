@@ -165,6 +165,11 @@ class SnipConfig:
     # a systematic gain counts), "momentum" (signed, the weight error's part from AdamW's m̂). snip/metrics.py.
     loss_first_order: str = "abs"
     propagation_sequences: int = 1  # sequences of the first probe batch for the exact dgrad-propagation pass
+    # The re-plan step's training step takes its gradient from the statistics' reference pass (BF16) for
+    # those of its micro-batches that were probe batches, instead of running them again (docs/snip.md,
+    # "Re-plan cost"). Off by default: the recorded comparisons ran without it (a step per re-plan in
+    # BF16 would favour the policies that collect statistics); the shipped configs turn it on.
+    reuse_step: bool = False
     solver_max_time: float = 10.0  # CP-SAT max_deterministic_time
     seed: int = 0
     # Static baselines (bf16_ends without counts, layer_type, random) land within one decision unit

@@ -12,9 +12,14 @@ All in one process, one torch thread, on ``--config`` (default tiny: 4 layers, d
     the same rounds for reference. Target <= 0.85.
 (b) Compiled emulated NVFP4 step (uniform plan) vs compiled BF16 step, from the same rounds.
     Target <= 1.15.
-(c) Re-plan cost in micro-batch passes: one ``SnipController.replan`` (statistics + metrics +
-    solve + apply) against one micro-batch forward+backward (a BF16 step's time divided by its
-    micro-batches), medians over ``--replans`` re-plans after one untimed one. Target <= 6.
+(c) Re-plan cost in micro-batch passes: what a re-plan step costs beyond a BF16 step, i.e. one
+    ``SnipController.replan`` (statistics + metrics + solve + apply) plus that step's training step
+    (which, with ``snip.reuse_step``, takes the gradients of its micro-batches that were probe
+    batches from the statistics' reference pass) minus a BF16 step, against one micro-batch
+    forward+backward (a BF16 step's time divided by its micro-batches); medians over ``--replans``
+    re-plans after one untimed one, with the parts of the statistics. Also the re-plan alone
+    (without the step it saves). ``--shapes comparison`` measures at the comparison model's shapes
+    (``experiments.comparison.protocol.DEFAULT_SETS``, reuse on). Target <= 6.
 (d) Host syncs per step: ``telemetry.host_syncs.count_host_syncs`` around ``Trainer.fit`` over
     ``--sync-steps`` steps with ``log_interval`` = that many, per step outside the read step,
     for the CPU optimizer (foreach AdamW: its skip is read on the host, 1 per step) and for
@@ -37,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from experiments.bench.common import build_trainer, machine, uniform_plan
+from experiments.comparison.protocol import DEFAULT_SETS
 from megatron_snip.config import load_config
 from megatron_snip.precision import gemm as gemm_module
 
@@ -136,36 +142,42 @@ def host_syncs_per_step(cfg_path: str, overrides: list[str], steps: int, fused: 
 
 
 def replan_passes(trainer, cfg, reps: int) -> dict:
-    """(c): re-plan time / one micro-batch forward+backward (BF16)."""
+    """(c): (re-plan + its step - a BF16 step) / one micro-batch forward+backward (BF16)."""
     from megatron_snip.snip.controller import SnipController
 
     ctl = SnipController(cfg, trainer)
     bf16 = uniform_plan(trainer, "bf16")
     step = 1000
 
-    def one_replan() -> float:
+    def replan_step() -> tuple[float, float, object]:
+        """A re-plan from the BF16 plan and its step: (re-plan s, step s, the Replan)."""
         nonlocal step
         trainer.apply_plan(bf16)
         t0 = time.perf_counter()
         replan = ctl.replan(trainer, step)
-        dt = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        trainer.train_step(step)
+        t2 = time.perf_counter()
         step += 1
-        return dt, replan
+        return t1 - t0, t2 - t1, replan
 
-    one_replan()  # pays one-off costs (compiled quantizers for the statistics' shapes)
-    replans, steps = [], []
-    timings = []
+    replan_step()  # pays one-off costs (compiled quantizers for the statistics' shapes)
+    replans, extra, steps, timings, reused = [], [], [], [], 0
     for _ in range(reps):
         trainer.apply_plan(bf16)
         t0 = time.perf_counter()
         trainer.train_step(step)
         steps.append(time.perf_counter() - t0)
-        dt, replan = one_replan()
+        step += 1
+        dt, dstep, replan = replan_step()
         replans.append(dt)
+        extra.append(dt + dstep - steps[-1])
         timings.append(replan.timings)
+        reused = replan.reused_micro_batches
     per_pass = statistics.median(steps) / trainer.micro_batches_per_step
     return {"replan_s": statistics.median(replans), "micro_batch_pass_s": per_pass,
-            "passes": statistics.median(replans) / per_pass, "timings": timings[-1]}
+            "passes": statistics.median(extra) / per_pass, "replan_alone_passes": statistics.median(replans) / per_pass,
+            "reused": reused, "micro_batches": trainer.micro_batches_per_step, "timings": timings[-1]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sync-steps", type=int, default=6)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: ab,c,d")
+    ap.add_argument("--shapes", default="config", choices=["config", "comparison"],
+                    help="(c) at --config's shapes, or at the policy comparison's model (8 blocks, d=128)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     gemm_module.tune_cpu_malloc()
@@ -212,12 +226,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"(b) compiled NVFP4 / compiled BF16:  {ratio(times, 'ours_compiled_nvfp4', 'ours_compiled_bf16'):.3f}  "
               f"(target <= 1.15; eager blocks: {ratio(times, 'ours_eager_nvfp4', 'ours_eager_bf16'):.3f})")
     if "c" not in skip:
-        cfg = load_config(args.config, [o for o in base if o != "snip.enabled=false"]
+        shapes = [] if args.shapes == "config" else [o for o in DEFAULT_SETS if not o.startswith("snip.reuse_step")]
+        cfg = load_config(args.config, [o for o in base if o != "snip.enabled=false"] + shapes
                           + [f"training.run_dir={tmp}/replan", "snip.enabled=true"])
         r = replan_passes(build_trainer(cfg), cfg, args.replans)
-        print(f"(c) re-plan: {r['replan_s']:.2f}s = {r['passes']:.1f} micro-batch passes "
-              f"(one pass {r['micro_batch_pass_s']:.3f}s; target <= 6); parts: "
-              + ", ".join(f"{k}={v:.2f}" for k, v in r["timings"].items()))
+        print(f"(c) re-plan step at {args.shapes} shapes (snip.reuse_step={str(cfg.snip.reuse_step).lower()}, "
+              f"{r['reused']} of {r['micro_batches']} micro-batches reused): "
+              f"{r['passes']:.1f} micro-batch passes beyond a BF16 step (target <= 6); the re-plan alone "
+              f"{r['replan_s']:.2f}s = {r['replan_alone_passes']:.1f} passes (one pass {r['micro_batch_pass_s']:.3f}s); "
+              "parts: " + ", ".join(f"{k}={v:.2f}" for k, v in r["timings"].items()))
     if "d" not in skip:
         for fused in (False, True):
             counts = host_syncs_per_step(args.config, base + [f"training.run_dir={tmp}/syncs{int(fused)}"],

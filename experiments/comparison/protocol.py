@@ -34,8 +34,11 @@ DEFAULT_VALID_CORPORA = {"moby_dick": "bundled:moby_dick", "python_docs": "corpu
 # real recipe (first and last block high precision = exactly 75% FP4; with tiny's 4 blocks it
 # degenerates to all-FP4), d=128 and 128-token sequences so that 54 runs of 500 steps fit in
 # one sitting on a small CPU machine (--dry-list prints the estimate; docs/bench/README.md says what it took).
+# snip.reuse_step off (tiny.toml turns it on): with it, each re-plan step of a policy that collects
+# statistics would train in BF16, a help the static policies do not get; the records predate it.
 DEFAULT_SETS = ("model.num_layers=8", "model.hidden_size=128", "model.ffn_hidden_size=384",
-                "training.seq_len=128", "training.micro_batch_size=8", "training.global_batch_size=8")
+                "training.seq_len=128", "training.micro_batch_size=8", "training.global_batch_size=8",
+                "snip.reuse_step=false")
 # Keys the driver sets per run; a user --set on them would silently break pairing or resume.
 DRIVER_KEYS = frozenset({
     "training.seed", "training.run_dir", "training.max_steps", "training.resume", "training.progress",

@@ -47,6 +47,18 @@ def draw_micro_batches(dataset: TokenSource, start: int, count: int, size: int,
     return [dataset.batch(start + i * size, size).to(device) for i in range(count)]
 
 
+def reusable_micro_batches(probes: list[torch.Tensor], micro: list[torch.Tensor]) -> int:
+    """How many of a step's first micro-batches ``micro`` are also its first probe batches ``probes``
+    (the same tokens, in order): those the statistics' reference pass can hand to the step
+    (``snip.reuse_step``). Both lists hold (B, S+1) token tensors of this rank."""
+    k = 0
+    for probe, own in zip(probes, micro):
+        if probe.shape != own.shape or not torch.equal(probe, own):
+            break
+        k += 1
+    return k
+
+
 class SnipController:
     """Training-loop callback making and applying precision plans (see module docstring).
 
@@ -99,9 +111,15 @@ class SnipController:
         t0 = time.perf_counter()
         host.logger.info(f"re-plan at step {step}: starting (policy {self.policy}, re-plan {self.replans + 1})")
         snapshot = None
+        reused = 0
         if statistics is not None:
-            local = self.collector.collect(host, self.probe_batches(host, step), step,
-                                           noise_passes=statistics == "all")
+            probes = self.probe_batches(host, step)
+            if self.cfg.snip.reuse_step:
+                reused = reusable_micro_batches(probes, host.micro_batches(step))
+            local, reference = self.collector.collect_with_reference(host, probes, step, reused,
+                                                                     noise_passes=statistics == "all")
+            if reference is not None:
+                host.reuse_reference(reference)
             snapshot = reduce_snapshot(local, topo)
             timings.update({f"stats_{k}": v for k, v in local["timings"].items()})
             timings["stats_s"] = time.perf_counter() - t0
@@ -116,14 +134,14 @@ class SnipController:
         timings["broadcast_s"] = time.perf_counter() - t1
         if "error" in decision:
             return Replan(step, previous, kept=f"{decision['error']}; keeping the previous plan {previous.hash}",
-                          snapshot=snapshot, timings=timings)
+                          snapshot=snapshot, timings=timings, reused_micro_batches=reused)
         plan = PrecisionPlan.from_json_dict(decision["plan"])  # checks the broadcast hash
         hashes = comm.all_gather_object(plan.hash, topo.world_group)
         if len(set(hashes)) != 1:
             raise RuntimeError(f"ranks disagree on the plan made at step {step}: hashes {sorted(set(hashes))}")
         if plan.solver_status == "TIMEOUT":
             return Replan(step, previous, kept=f"CP-SAT timed out without a solution; keeping plan {plan.hash}",
-                          snapshot=snapshot, timings=timings)
+                          snapshot=snapshot, timings=timings, reused_micro_batches=reused)
         t1 = time.perf_counter()
         host.apply_plan(plan)
         timings["apply_s"] = time.perf_counter() - t1
@@ -131,7 +149,7 @@ class SnipController:
         self.replans += 1
         changed = sum(a != b for (_, a), (_, b) in zip(previous.entries, plan.entries))
         return Replan(step, plan, snapshot=snapshot, timings=timings, predicted_divergence=decision.get("predicted"),
-                      gemms_changed=changed, count=self.replans, costs=costs)
+                      gemms_changed=changed, count=self.replans, costs=costs, reused_micro_batches=reused)
 
     def _decide(self, snapshot: dict | None, step: int,
                 previous: PrecisionPlan) -> tuple[dict[str, Any], dict[GemmId, dict[str, float]] | None]:

@@ -69,6 +69,29 @@ class ProbeHost(Protocol):
     def forward_loss(self, tokens: torch.Tensor) -> torch.Tensor: ...
 
 
+@dataclass
+class ReferencePass:
+    """The statistics' reference pass handed to the training step it was run for (``snip.reuse_step``).
+
+    The reference pass runs every linear in BF16 on the probe micro-batches at the step's weights;
+    its first ``micro_batches`` probe batches are the step's own first micro-batches (the same
+    tokens), so the step takes their gradients from it instead of running them again.
+
+    Attributes:
+        step: the optimizer step it belongs to (the re-plan step).
+        micro_batches: k, how many of the step's micro-batches (its first k) it covers.
+        grads: (parameter, gradient) pairs of this rank: the sum over those k micro-batches of the
+            gradient of each one's mean loss, before any reduction over TP (sequence parallel) or DP;
+            parameters that got no gradient are absent.
+        losses: the k micro-batches' mean losses (0-d fp32 on the device, detached), in order.
+    """
+
+    step: int
+    micro_batches: int
+    grads: list[tuple[torch.nn.Parameter, torch.Tensor]]
+    losses: list[torch.Tensor]
+
+
 class Logger(Protocol):
     """The host's rank-0 text log."""
 
@@ -82,7 +105,9 @@ class SnipHost(ProbeHost, Protocol):
     ``plan`` is the plan in force; ``apply_plan`` switches every linear to a plan (every rank, at a
     step boundary, nothing recorded); ``record_replan`` records a re-plan's outcome (plan JSON,
     statistics snapshot, precision map, metrics, W&B, checkpointed state) and
-    ``record_plan_summary`` the end-of-run plots. ``train_data`` is where probe batches come from.
+    ``record_plan_summary`` the end-of-run plots. ``micro_batches`` and ``reuse_reference`` let the
+    re-plan step's training step take the gradients of the statistics' reference pass
+    (``snip.reuse_step``). ``train_data`` is where probe batches come from.
     ``extra_state`` is the callbacks' checkpointed state (restored on resume; ``record_replan``
     keeps the controller's under ``"snip"``); ``logger`` the text log.
     """
@@ -98,6 +123,15 @@ class SnipHost(ProbeHost, Protocol):
 
     @property
     def train_data(self) -> TokenSource: ...
+
+    def micro_batches(self, step: int) -> list[torch.Tensor]:
+        """This rank's micro-batches of optimizer step ``step``, each (B, S+1) on the device."""
+        ...
+
+    def reuse_reference(self, reference: ReferencePass) -> None:
+        """Hand the re-plan's reference pass to the training step ``reference.step`` (which then
+        runs only its micro-batches after the first ``reference.micro_batches``)."""
+        ...
 
     def apply_plan(self, plan: PrecisionPlan) -> None: ...
 
@@ -125,6 +159,8 @@ class Replan:
         count: plans applied by this controller so far, this one included.
         costs: the per-GEMM costs the plan was solved from (``costs[GemmId][format]``), on
             global rank 0 only (None elsewhere, and for policies without costs).
+        reused_micro_batches: micro-batches of this step whose gradients the training step takes
+            from the statistics' reference pass (``snip.reuse_step``; this rank's, 0 without reuse).
     """
 
     step: int
@@ -136,6 +172,7 @@ class Replan:
     gemms_changed: int = 0
     count: int = 0
     costs: Mapping[GemmId, Mapping[str, float]] | None = None
+    reused_micro_batches: int = 0
 
     @property
     def applied(self) -> bool:

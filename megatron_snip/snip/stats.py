@@ -41,7 +41,7 @@ from megatron_snip.precision.formats import Operand
 from megatron_snip.precision.gemm import AmaxReducers, quant_linear
 from megatron_snip.precision.plan import LINEARS, GemmPrecision
 from megatron_snip.precision.quantize import quantize
-from megatron_snip.snip.host import ProbeHost
+from megatron_snip.snip.host import ProbeHost, ReferencePass
 
 BF16 = GemmPrecision()
 
@@ -182,11 +182,22 @@ class StatsCollector:
         baseline ``min_rel_err`` needs, ~3/5 of the cost on `tiny`); the snapshot then has no curvature or
         propagation and says so in ``"noise_passes"`` (``metrics.snip_costs`` refuses it).
         """
+        return self.collect_with_reference(host, probe_batches, step, 0, noise_passes=noise_passes)[0]
+
+    def collect_with_reference(self, host: ProbeHost, probe_batches: list[torch.Tensor], step: int, reuse: int, *,
+                               noise_passes: bool = True) -> tuple[dict[str, Any], ReferencePass | None]:
+        """``collect``, also keeping what the reference pass computed on the first ``reuse`` probe
+        batches (their gradients and losses) for the training step of ``step`` to take
+        (``snip.reuse_step``; ``reuse`` = 0: nothing kept, None returned). The snapshot is the same
+        either way. Memory: one copy of this rank's gradients while the later passes run (none when
+        ``reuse`` covers every probe batch: the reference gradients are then kept as they are)."""
         model, optimizer = host.model, host.optimizer
         linears = list(model.precision_linears())
         keys = [key_of(lin) for lin in linears]
         gen = torch.Generator(device=host.device).manual_seed(self.cfg.seed * 1_000_003 + step)
         n = len(probe_batches)
+        if not 0 <= reuse <= n:
+            raise ValueError(f"collect_with_reference: reuse={reuse} of {n} probe batches")
         sums: dict[str, dict[str, Any]] = {k: _empty_linear_sums(lin, self.cfg.formats) for k, lin in zip(keys, linears)}
         edw_acc: dict[str, dict[str, torch.Tensor]] = {k: {} for k in keys}
         timings: dict[str, float] = {}
@@ -201,10 +212,16 @@ class StatsCollector:
         keep_ey = noise_passes and self.cfg.curvature_noise == "error"
         q = {"generator": gen, "compiled": self.cfg.compiled_quantizers}
         errors_w = {k: {f: weight_error(lin, f, **q) for f in self.cfg.formats} for k, lin in zip(keys, linears)}
+        reference = None
         for b, tokens in enumerate(probe_batches):
             records = {k: _Record() for k in keys}
             with self._probes(linears, "record", records, gen):
-                losses.append(float(host.forward_backward([tokens])))
+                losses.append(host.forward_backward([tokens]))
+            if b + 1 == reuse:  # the reference pass of the step's first micro-batches: keep it
+                last = b + 1 == n  # no later probe batch accumulates into these gradients
+                kept = [(p, p.grad.detach() if last else p.grad.detach().clone())
+                        for p in model.parameters() if p.grad is not None]
+                reference = ReferencePass(step, reuse, kept, losses[:reuse])
             reference_g.append({k: records[k].g for k in keys})
             errors_y.append({})
             for k, lin in zip(keys, linears):
@@ -243,7 +260,7 @@ class StatsCollector:
             "step": step,
             "formats": list(self.cfg.formats),
             "num_probe_batches": n,
-            "probe_loss_sum": sum(losses),
+            "probe_loss_sum": sum(float(loss) for loss in losses),
             "total_sq_update": total_sq_update,
             "replicas": 1,
             "noise_passes": noise_passes,
@@ -251,7 +268,7 @@ class StatsCollector:
             "linears": sums,
             "propagation": propagation,
             "timings": timings,
-        }
+        }, reference
 
     def _noise_passes(self, host: ProbeHost, linears: list[PrecisionLinear], keys: list[str],
                       probe_batches: list[torch.Tensor], reference_g: list[dict[str, torch.Tensor]],

@@ -55,6 +55,8 @@ class PlanRecorder:
             f"formats {plan.format_counts()}, objective {objective} ({plan.solver_status}), "
             f"{replan.gemms_changed} GEMMs changed, took {timings['replan_total_s']:.2f}s")
         metrics = {"replan_fp4_share": plan.fp4_flops_share, **{f"replan_{k}": v for k, v in timings.items()}}
+        if replan.reused_micro_batches:
+            metrics["replan_reused_micro_batches"] = replan.reused_micro_batches
         if replan.predicted_divergence is not None:
             metrics["predicted_divergence"] = replan.predicted_divergence
         self.logger.log_metrics(step, metrics)

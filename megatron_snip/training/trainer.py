@@ -49,7 +49,7 @@ from megatron_snip.precision import fallbacks
 from megatron_snip.precision.backends import Backend, get_backend
 from megatron_snip.precision.capability import require
 from megatron_snip.precision.plan import PrecisionPlan, all_gemm_ids
-from megatron_snip.snip.host import Replan
+from megatron_snip.snip.host import ReferencePass, Replan
 from megatron_snip.telemetry.logger import RunLogger, step_line
 from megatron_snip.telemetry.sinks import Sinks
 from megatron_snip.training import checkpoint as ckpt
@@ -58,6 +58,7 @@ from megatron_snip.training.lr import lr_at
 from megatron_snip.training.optim import build_optimizer
 from megatron_snip.training.plan_recorder import PlanRecorder
 from megatron_snip.training.preemption import StopSignal, TrainingPreempted, describe_last_checkpoint
+from megatron_snip.training.reference_step import reused_loss, take_reference
 from megatron_snip.training.resolve import resolve_autocast_dtype, resolve_device, resolve_initial_plan
 from megatron_snip.training.run_dir import RunDirectory
 from megatron_snip.training.step_guard import (
@@ -137,6 +138,7 @@ class Trainer:
         self.step = 0  # optimizer steps completed
         self._param_norm = self.param_norm()  # for the post-step guard (step_guard.update_refused)
         self._stop: StopSignal | None = None  # fit's signal handler, read into each step's flags
+        self._reference: ReferencePass | None = None  # a re-plan's reference pass for its step (reuse_reference)
         self.skipped_steps = 0
         self.consecutive_skips = 0
         # Plans name every GEMM of the model; each pipeline stage applies the entries of its own layers.
@@ -227,6 +229,11 @@ class Trainer:
         """The callbacks' checkpointed state (e.g. the SNIP controller's under ``"snip"``)."""
         return self.recorder.extra_state
 
+    def reuse_reference(self, reference: ReferencePass) -> None:
+        """The next ``train_step(reference.step)`` takes its first ``reference.micro_batches``
+        micro-batches' gradients from the statistics' reference pass (``snip.reuse_step``)."""
+        self._reference = reference
+
     def record_replan(self, replan: Replan) -> None:
         """Record a re-plan's outcome (``PlanRecorder.record_replan``)."""
         self.recorder.record_replan(replan)
@@ -290,27 +297,29 @@ class Trainer:
             seq //= self.tp.size
         return (tokens.shape[0], seq, self.cfg.model.hidden_size)
 
-    def _run_schedule(self, micro: list[torch.Tensor], *, forward_only: bool) -> torch.Tensor:
-        """``micro`` through this layout's schedule (``parallel.pipeline.schedule_for``); the mean loss."""
-        n = len(micro)
+    def _run_schedule(self, micro: list[torch.Tensor], *, forward_only: bool, divisor: int | None = None) -> torch.Tensor:
+        """``micro`` through this layout's schedule (``parallel.pipeline.schedule_for``); the sum of
+        their losses over ``divisor`` (default ``len(micro)``: the mean loss)."""
+        n = divisor or len(micro)
 
         def stage_step(i: int, x: torch.Tensor | None) -> torch.Tensor:
             out = self._stage_forward(micro[i], x)
             return out / n if self.topo.is_last_stage else out
 
-        return self.schedule(stage_step, n, self.topo, activation_shape=self._activation_shape(micro[0]),
+        return self.schedule(stage_step, len(micro), self.topo, activation_shape=self._activation_shape(micro[0]),
                              dtype=self.autocast_dtype or torch.float32, device=self.device, forward_only=forward_only)
 
-    def forward_backward(self, micro: list[torch.Tensor]) -> torch.Tensor:
+    def forward_backward(self, micro: list[torch.Tensor], *, divisor: int | None = None) -> torch.Tensor:
         """Accumulate gradients of the mean loss over ``micro`` (this rank's micro-batches,
         each (B, S+1)); returns that mean loss (detached fp32 scalar, the same on every pipeline
-        stage and TP rank; not averaged over DP), through this layout's schedule.
+        stage and TP rank; not averaged over DP), through this layout's schedule. ``divisor``: divide
+        the summed loss by it instead of ``len(micro)`` (part of a step's micro-batches).
 
         No optimizer step and no gradient reduction over DP (``train_step`` does that via
         ``self.grads.reduce()``) - the SNIP statistics pass reuses this on its probe batches.
         Autocast weight copies are made once for all of ``micro`` (``LlamaModel.weight_copies_for_step``)."""
         with self.model.weight_copies_for_step():
-            return self._run_schedule(micro, forward_only=False)
+            return self._run_schedule(micro, forward_only=False, divisor=divisor)
 
     @torch.no_grad()
     def evaluate_batch(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -321,14 +330,20 @@ class Trainer:
     def train_step(self, step: int) -> StepResult:
         """Forward/backward over all micro-batches, then a guarded optimizer step. The outcome stays
         on the device (``training/step_guard.py``): the skip is decided there when the optimizer
-        can (a fused AdamW's ``found_inf``); else its flag is the one value a step reads."""
+        can (a fused AdamW's ``found_inf``); else its flag is the one value a step reads. At a
+        re-plan step with ``snip.reuse_step``, the micro-batches the statistics' reference pass ran
+        contribute its (BF16) gradients instead of running again (``training/reference_step.py``)."""
         lr = lr_at(step, self.cfg.training)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
         micro = self.micro_batches(step)
-        self.grads.start_step(len(micro))  # the overlapped reduction counts these backward passes
-        total = self.forward_backward(micro)
+        reference, self._reference = self._reference, None
+        reused = take_reference(reference, step, len(micro))
+        self.grads.start_step(len(micro) - reused)  # the overlapped reduction counts these backward passes
+        total = self.forward_backward(micro) if reused == 0 else reused_loss(reference, len(micro))
+        if 0 < reused < len(micro):
+            total = total + self.forward_backward(micro[reused:], divisor=len(micro))
         self.grads.reduce()
         loss = comm.all_reduce_mean(total.detach().clone().float(), self.topo.dp_group)
         clip = self.cfg.training.grad_clip or math.inf

@@ -14,6 +14,7 @@ tolerance is 1e-2: a lost or double-counted shard (-50%, +100%) still fails it.
 from __future__ import annotations
 
 import pytest
+import torch
 from dist_harness import run_ranks
 
 from megatron_snip.config import load_config
@@ -104,3 +105,41 @@ def test_tp2_propagation_by_vjp_equals_the_rerun_difference(tmp_path, sequence_p
             assert got["den"] == by_reruns[key]["den"], key
             assert got["num"] == pytest.approx(by_reruns[key]["num"], rel=1e-3), key
         assert sum(v["num"] for v in by_vjp.values()) > 0
+
+
+def _reuse_worker(rank, world, overrides):
+    """Two trainers on one layout: one re-plans at step 2 reusing the reference pass for its step,
+    the other trains step 2 in BF16; returns both one's parameters after step 2."""
+    from megatron_snip.precision.plan import PrecisionPlan
+
+    topo = None
+    params, reused = [], []
+    for reuse in ("true", "false"):
+        cfg = load_config(TINY, overrides + [f"snip.reuse_step={reuse}", f"{overrides[-1]}{reuse}"])
+        topo = topo or init_distributed(cfg.parallel.tp, cfg.parallel.pp, device_type="cpu", timeout_s=120)
+        tr = Trainer(cfg, topo)
+        tr.train_step(0)
+        tr.train_step(1)
+        if reuse == "true":
+            reused.append(SnipController(cfg, tr).replan(tr, 2).reused_micro_batches)
+        else:
+            tr.apply_plan(PrecisionPlan.create({g: "bf16" for g in tr.all_gemm_ids}, tr.linear_numel))
+        tr.train_step(2)
+        params.append([p.detach().clone() for p in tr.model.parameters()])
+        tr.logger.close()
+    return reused[0], params
+
+
+@pytest.mark.parametrize("layout", [("parallel.pp=2", "training.overlap_grad_reduce=true"),
+                                    ("training.distributed_optimizer=true",)])
+def test_dp2_replan_step_reusing_its_reference_pass_is_a_bf16_step(tmp_path, layout):
+    """snip.reuse_step under DP = 2 (with PP = 2 and the overlapped reduction, whose hooks then count
+    no backward pass; or ZeRO-1): every rank reuses both its micro-batches (its probes are its own
+    share of the step) and the update equals a BF16 step's bit for bit (M = 2 micro-batches)."""
+    overrides = BASE + [f"data.cache_dir={tmp_path / 'cache'}", "training.micro_batch_size=2",
+                        "snip.probe_batches=2", *layout, f"training.run_dir={tmp_path / 'run_'}"]
+    world = 4 if "parallel.pp=2" in layout else 2
+    for reused, (with_reuse, bf16) in run_ranks(_reuse_worker, world, (overrides,), timeout_s=360):
+        assert reused == 2
+        for a, b in zip(with_reuse, bf16):
+            assert torch.equal(a, b)
