@@ -156,8 +156,10 @@ class SnipConfig:
     noise_draws: int = 2  # forward-noise passes per probe batch (curvature, one-sided vs the reference pass)
     # Direction of the forward noise: "gaussian" (isotropic: mean curvature along Y) or "error" (±the
     # harshest format's own e_Y: curvature along the error priced). docs/snip.md, "Forward-noise pass".
-    # The shipped configs set "error" (docs/validation/loss_divergence/); the default stays the
-    # behaviour runs were recorded with before the field existed (comparison.protocol.same_config).
+    # The default and every shipped config stay on "gaussian": "error" ranked the curvature part better
+    # on two development seeds (docs/validation/loss_divergence/summary.md) but has no training win
+    # yet, and switching would change SNIP's plans and void the recorded comparisons
+    # (comparison.protocol.same_config). Opt in with --set snip.curvature_noise=error.
     curvature_noise: str = "gaussian"
     # The loss divergence's first-order term: "abs" (mean per-batch |<G, e_Y>|), "signed" (mean <G, e_Y>,
     # a systematic gain counts), "momentum" (signed, the weight error's part from AdamW's m̂). snip/metrics.py.

@@ -1,86 +1,190 @@
 """Offline planner: from a saved statistics snapshot, solve for a plan - no training needed.
 
     python scripts/solve_plan.py --stats runs/tiny/plans/step_000050_stats.json --fp4-target 0.75 --out plans_out
+    python scripts/solve_plan.py --stats runs/tiny/plans/step_000050_stats.json --target gemm_time \\
+        --time-budget 0.6 --gpu h100 --out plans_h100
 
-Writes into --out: ``plan.json`` (the PrecisionPlan), ``plan.png`` (precision map: blocks x
-GEMMs coloured by format) and ``pareto.png`` / ``pareto.json`` (FP4 target from 0 to 1 vs the
-predicted divergence of the optimal plan). Snapshots are the ``plans/step_*_stats.json`` files
-the SNIP controller writes next to each plan.
+The target is resolved as the trainer resolves ``snip.target`` (``PlanContext.for_run``):
+``--target fp4_share`` (the default: at least ``--fp4-target`` of the linear FLOPs in an FP4 format),
+``gemm_time`` (the plan's modeled linear-GEMM time at most ``--time-budget`` x the same GEMMs in
+BF16) or ``both``. A time target needs the GEMM time costs of the GPU it plans for: the table of
+``precision/capability.py`` for ``--backend`` on ``--gpu``, or ``--time-costs bf16=1,fp8=0.5``
+(``snip.time_costs``, e.g. measured by ``scripts/gpu_check.sh``). As in training, candidates slower
+than BF16 there (run emulated) are left out of the plan.
+
+The costs are normalized over the candidates the plan may choose, as in training (the controller
+measures only those). Writes into --out: ``plan.json`` (the PrecisionPlan), ``plan.png`` (precision
+map: blocks x GEMMs coloured by format) and ``pareto.png`` / ``pareto.json``, the predicted
+divergence of the optimal plan along the target:
+
+* FP4-share target: the FP4 target from 0 to 1, ``[{"fp4_target", "objective"}, ...]``;
+* time target: the GEMM-time budget from 0.05 to 1 (with ``both``, the FP4 floor held), each optimal
+  plan's objective against its modeled GEMM-time ratio, ``[{"time_budget", "objective",
+  "gemm_time_ratio"}, ...]`` (an infeasible budget: objective Infinity, ratio null).
+
+Snapshots are the ``plans/step_*_stats.json`` files the SNIP controller writes next to each plan.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from megatron_snip.config import SnipConfig
+from megatron_snip.config import SNIP_TARGETS, SnipConfig, parse_time_costs
+from megatron_snip.precision.capability import BACKENDS, GPUS
 from megatron_snip.precision.plan import LINEARS
 from megatron_snip.snip import ilp
 from megatron_snip.snip.metrics import predicted_divergence
 from megatron_snip.snip.policies import PlanContext, make_plan, policy_costs
 from megatron_snip.telemetry.plots import plot_pareto, plot_precision_map
 
+FP4_TARGETS = [round(0.05 * i, 2) for i in range(21)]  # the FP4-share Pareto sweep: 0, 0.05, ..., 1
+TIME_BUDGETS = [round(0.05 * i, 2) for i in range(1, 21)]  # the GEMM-time Pareto sweep: 0.05, ..., 1
+# The config fields this script's flags set: a config error naming the field is reported with the flag.
+FLAGS = {"snip.fp4_target": "--fp4-target", "snip.time_budget": "--time-budget", "snip.time_costs": "--time-costs",
+         "snip.formats": "--formats", "snip.weight_divergence_weight": "--weight-divergence-weight",
+         "time_budget": "--time-budget", "fp4_target": "--fp4-target"}
 
-def main(argv: list[str] | None = None) -> int:
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stats", required=True, help="a plans/step_*_stats.json snapshot")
-    ap.add_argument("--fp4-target", type=float, default=0.75)
+    ap.add_argument("--target", default="fp4_share", choices=SNIP_TARGETS, help="efficiency target (snip.target)")
+    ap.add_argument("--fp4-target", type=float, default=0.75, help="rho: minimum FP4 FLOP share (fp4_share, both)")
+    ap.add_argument("--time-budget", type=float, default=None,
+                    help="gemm_time, both: the plan's modeled GEMM time at most this fraction of BF16's, e.g. 0.6")
+    ap.add_argument("--gpu", default=None, choices=sorted(GPUS), help="the GPU a time target plans for")
+    ap.add_argument("--backend", default="te", choices=BACKENDS,
+                    help="the backend whose GEMMs --gpu's time costs model (the run's precision.backend; default te)")
+    ap.add_argument("--time-costs", default=None, metavar="FMT=RATIO,...",
+                    help="relative GEMM time per FLOP instead of --gpu's table, e.g. bf16=1,fp8=0.5 (snip.time_costs)")
     ap.add_argument("--policy", default="snip", choices=["snip", "min_rel_err"])
     ap.add_argument("--formats", default=None, help="candidates, comma-separated (default: the snapshot's)")
     ap.add_argument("--granularity", default="layer", choices=["layer", "gemm"])
     ap.add_argument("--weight-divergence-weight", type=float, default=1.0, help="lambda in sum(dL + lambda*dW)")
-    ap.add_argument("--pp", type=int, default=1, help="pipeline stages for the per-stage FP4 constraint")
+    ap.add_argument("--pp", type=int, default=1, help="pipeline stages for the per-stage constraints")
     ap.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     path = Path(args.stats)
     if not path.is_file():
         print(f"error: --stats {str(path)!r} does not exist", file=sys.stderr)
         return 2
     snapshot = json.loads(path.read_text())
-    formats = tuple(args.formats.split(",")) if args.formats else tuple(snapshot["formats"])
-    unknown = [f for f in formats if f not in snapshot["formats"]]
-    if unknown:
-        print(f"error: --formats {list(unknown)} were not measured in this snapshot ({snapshot['formats']})", file=sys.stderr)
-        return 2
     try:
-        costs = policy_costs(args.policy, snapshot, args.weight_divergence_weight)
-    except ValueError as e:  # e.g. a min_rel_err snapshot (no noise passes) asked for a snip plan
-        print(f"error: {e}", file=sys.stderr)
+        return solve(args, path, snapshot)
+    except ValueError as e:  # bad flags, an infeasible target, a snapshot that cannot give these costs
+        print(f"error: {flag_message(e)}", file=sys.stderr)
         return 2
-    costs = {g: {f: c[f] for f in formats} for g, c in costs.items()}
+
+
+def solve(args: argparse.Namespace, path: Path, snapshot: Mapping[str, Any]) -> int:
+    """Plan, precision map and Pareto sweep into ``args.out``; ValueError for bad input or targets."""
+    formats = tuple(args.formats.split(",")) if args.formats else tuple(snapshot["formats"])
     linears = snapshot["linears"].values()
     num_layers = 1 + max(s["layer"] for s in linears)
     # FLOP weight K*N of each linear (shapes are per TP shard; every linear is sharded alike, so shares agree).
     numel = {s["linear"]: s["shape"][0] * s["shape"][1] for s in linears if s["layer"] == 0}
     assert set(numel) == set(LINEARS), f"snapshot lacks block 0's linears: {sorted(numel)}"
 
-    try:
-        settings = SnipConfig(policy=args.policy, formats=formats, fp4_target=args.fp4_target,
-                              granularity=args.granularity, weight_divergence_weight=args.weight_divergence_weight)
-        ctx = PlanContext.for_run(settings, num_layers, numel, args.pp, step=int(snapshot["step"]))
-        plan = make_plan(args.policy, ctx, costs)
-    except (ilp.InfeasibleError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    ctx = plan_context(args, formats, num_layers, numel, step=int(snapshot["step"]))
+    unmeasured = [f for f in ctx.candidates if f not in snapshot["formats"]]
+    if unmeasured:
+        left_out = "" if ctx.candidates == formats else f" (candidates under the time target: {list(ctx.candidates)})"
+        raise ValueError(f"--formats {list(formats)}{left_out}: {unmeasured} were not measured in this snapshot, "
+                         f"which holds {snapshot['formats']}; pass --formats from those")
+    costs = policy_costs(args.policy, measured_only(snapshot, ctx.candidates), args.weight_divergence_weight)
+    plan = make_plan(args.policy, ctx, costs)
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "plan.json").write_text(plan.to_json())
-    plot_precision_map(plan, out / "plan.png", title=f"{args.policy} plan from {path.name}, rho={args.fp4_target}")
+    what = f"rho={args.fp4_target}" if ctx.time_cost is None else f"GEMM time <= {ctx.time_budget} x BF16"
+    plot_precision_map(plan, out / "plan.png", title=f"{args.policy} plan from {path.name}, {what}")
+    problem = ilp.build_problem(costs, numel, ctx.candidates, ctx.fp4_target, ctx.granularity,
+                                stage_of_layer=ctx.stage_of_layer, time_cost=ctx.time_cost, time_budget=ctx.time_budget)
+    if ctx.time_cost is None:
+        points = ilp.pareto_curve(problem, FP4_TARGETS)
+        rows = [{"fp4_target": r, "objective": o} for r, o in points]
+        plot_pareto(points, out / "pareto.png", title=f"{args.policy}: predicted divergence vs FP4 target")
+    else:
+        rows = time_pareto(problem, ctx)
+        at = [(r["time_budget"] if r["gemm_time_ratio"] is None else r["gemm_time_ratio"], r["objective"]) for r in rows]
+        plot_pareto(at, out / "pareto.png",
+                    title=f"{args.policy}: predicted divergence vs modeled GEMM time",
+                    xlabel="modeled GEMM time / BF16 (x: infeasible budget)")
+    (out / "pareto.json").write_text(json.dumps(rows, indent=1))
 
-    problem = ilp.build_problem(costs, numel, formats, args.fp4_target, args.granularity,
-                                stage_of_layer=ctx.stage_of_layer)
-    targets = [round(0.05 * i, 2) for i in range(21)]
-    points = ilp.pareto_curve(problem, targets)
-    (out / "pareto.json").write_text(json.dumps([{"fp4_target": r, "objective": o} for r, o in points], indent=1))
-    plot_pareto(points, out / "pareto.png", title=f"{args.policy}: predicted divergence vs FP4 target")
-
-    print(f"plan: FP4 share {plan.fp4_flops_share:.3f}, formats {plan.format_counts()}, objective "
+    summary = f"plan: FP4 share {plan.fp4_flops_share:.3f}"
+    if ctx.time_cost is not None:
+        left_out = [f for f in formats if f not in ctx.candidates]
+        print("time costs per FLOP vs BF16: " + ", ".join(f"{f} {t:g}" for f, t in ctx.time_cost.items())
+              + (f"; left out (slower than BF16): {left_out}" if left_out else ""))
+        summary += f", GEMM time {ctx.time_ratio(plan.as_dict()):.4f} of BF16 (budget {ctx.time_budget})"
+    print(f"{summary}, formats {plan.format_counts()}, objective "
           f"{predicted_divergence(costs, plan.as_dict()):.4f} ({plan.solver_status}), hash {plan.hash}")
     print(f"wrote {out}/plan.json, plan.png, pareto.png, pareto.json")
     return 0
+
+
+def plan_context(args: argparse.Namespace, formats: tuple[str, ...], num_layers: int, numel: Mapping[str, int],
+                 step: int) -> PlanContext:
+    """The flags as a run's ``snip`` section, resolved into a ``PlanContext`` as the trainer does."""
+    timed = args.target != "fp4_share"
+    if not timed and (args.time_budget is not None or args.gpu or args.time_costs):
+        raise ValueError("--time-budget, --gpu and --time-costs set a GEMM-time target; "
+                         "add --target gemm_time (or --target both)")
+    if timed and args.time_budget is None:
+        raise ValueError(f"--target {args.target} needs --time-budget: the plan's modeled GEMM time as a fraction "
+                         f"of BF16's, e.g. --time-budget 0.6")
+    if timed and not (args.gpu or args.time_costs):
+        raise ValueError(f"--target {args.target} needs the GEMM time costs of the GPU it plans for: pass --gpu "
+                         f"(one of {sorted(GPUS)}) with --backend, or --time-costs, e.g. bf16=1,fp8=0.5")
+    time_costs = tuple(e.strip() for e in args.time_costs.split(",")) if args.time_costs else ()
+    given = parse_time_costs(time_costs)  # ValueError naming snip.time_costs (reported as --time-costs)
+    missing = [f for f in formats if f not in given]
+    if given and missing:
+        raise ValueError(f"--time-costs {args.time_costs!r} has no entry for the candidate(s) {missing}; "
+                         f"add '<format>=<ratio>' for each")
+    settings = SnipConfig(policy=args.policy, formats=formats, fp4_target=args.fp4_target,
+                          granularity=args.granularity, weight_divergence_weight=args.weight_divergence_weight,
+                          target=args.target, time_budget=1.0 if args.time_budget is None else args.time_budget,
+                          time_costs=time_costs)
+    return PlanContext.for_run(settings, num_layers, numel, args.pp, step=step, backend=args.backend,
+                               sm=GPUS[args.gpu].sm if args.gpu else None)
+
+
+def measured_only(snapshot: Mapping[str, Any], formats: tuple[str, ...]) -> dict[str, Any]:
+    """``snapshot`` holding only ``formats``: SNIP's metrics normalize over the formats a snapshot
+    holds (by the harshest), and training measures only the candidates a plan may choose."""
+    linears = {k: {**s, "per_format": {f: s["per_format"][f] for f in formats}} for k, s in snapshot["linears"].items()}
+    return {**snapshot, "formats": list(formats), "linears": linears}
+
+
+def time_pareto(problem: ilp.Problem, ctx: PlanContext) -> list[dict[str, Any]]:
+    """The optimal plan at each budget of ``TIME_BUDGETS``: its objective and modeled GEMM-time ratio."""
+    rows = []
+    for budget, sol in ilp.pareto_solutions(problem, TIME_BUDGETS, over="time_budget"):
+        rows.append({"time_budget": budget, "objective": sol.objective if sol.ok else math.inf,
+                     "gemm_time_ratio": ctx.time_ratio(sol.assignment) if sol.ok else None})
+    return rows
+
+
+def flag_message(e: Exception) -> str:
+    """An error naming config fields (``config snip.time_budget=0: ...``, ``time_budget=0.4 cannot be
+    met``) in this script's flags (``--time-budget 0: ...``)."""
+    msg = str(e)
+    for field, flag in FLAGS.items():
+        msg = msg.replace(f"config {field}=", f"{flag} ").replace(f"{field}=", f"{flag} ")
+    return msg
 
 
 if __name__ == "__main__":

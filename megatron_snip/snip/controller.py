@@ -73,7 +73,10 @@ class SnipController:
         self.spec = parse_policy(s.policy)  # ValueError on a bad spec, before training starts
         self.context = PlanContext.for_run(s, cfg.model.num_layers, linear_numel(model_linear_shapes(cfg.model)),
                                            cfg.parallel.pp, backend=cfg.precision.backend)
-        self.collector = StatsCollector(ProbeConfig(formats=tuple(s.formats), noise_draws=s.noise_draws,
+        # The statistics measure exactly the formats a plan may choose: under a time target, not the ones
+        # slower than BF16 on the target GPU (PlanContext.candidates), so none of them sets the noise
+        # scale or the metrics' normalization (the harshest format). The snapshot's "formats" lists them.
+        self.collector = StatsCollector(ProbeConfig(formats=self.context.candidates, noise_draws=s.noise_draws,
                                                    propagation_sequences=s.propagation_sequences, seed=s.seed,
                                                    curvature_noise=s.curvature_noise, loss_first_order=s.loss_first_order,
                                                    compiled_quantizers=cfg.precision.compile_quantizers))

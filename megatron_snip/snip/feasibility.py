@@ -1,12 +1,13 @@
 """Start-up check: can every SNIP candidate format run every GEMM of this model, and can the FP4
 target then be met? Decided before the first step, not at the first re-plan.
 
-SNIP's statistics pass quantizes every GEMM in every candidate of ``snip.formats``, and its
-policies may place any candidate on any decision unit; a format whose blocks do not tile a GEMM's
-TP-local operands (rules: ``precision/gemm_shapes.py``) would stop the run at the first re-plan.
-So a candidate that cannot run some GEMM is refused here, with each GEMM it cannot run and why,
-the largest FP4 share the other GEMMs leave reachable, whether ``snip.fp4_target`` is within it,
-and the fields that fix it.
+SNIP's statistics pass quantizes every GEMM in every candidate a plan may choose (``snip.formats``,
+under a time target less the formats slower than BF16), and its policies may place any candidate on
+any decision unit; a format whose blocks do not tile a GEMM's TP-local operands (rules:
+``precision/gemm_shapes.py``) would stop the run at the first re-plan. So a format of
+``snip.formats`` that cannot run some GEMM is refused here (every listed one: this check needs no
+time costs), with each GEMM it cannot run and why, the largest FP4 share the other GEMMs leave
+reachable, whether ``snip.fp4_target`` is within it, and the fields that fix it.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ortools.sat.python import cp_model
 
@@ -238,28 +238,48 @@ def solve(
 # --------------------------------------------------------------------------------------
 # Pareto sweep
 # --------------------------------------------------------------------------------------
-def pareto_curve(problem: Problem, targets: Iterable[float], **solve_kw) -> list[tuple[float, float]]:
-    """Optimal objective as a function of the FP4 target: ``[(rho, objective), ...]`` in the given order.
+PARETO_AXES = ("fp4_target", "time_budget")  # the target a Pareto sweep varies
 
-    Each solve is warm-started from the previous feasible one. Infeasible targets
-    (and timeouts without a solution) get ``math.inf``; a FEASIBLE-but-unproven
-    solve contributes its (upper-bound) objective. ``solve_kw`` go to ``solve``.
+
+def pareto_solutions(problem: Problem, targets: Iterable[float], *, over: str = "fp4_target",
+                     **solve_kw) -> list[tuple[float, Solution]]:
+    """The optimal solution at each target: ``[(target, Solution), ...]`` in the given order.
+
+    ``over`` names the target varied: ``"fp4_target"`` (rho) or ``"time_budget"`` (the GEMM-time
+    budget; ``problem`` must have time costs), every other constraint held. Each solve is
+    warm-started from the previous feasible one; an infeasible target (or a timeout without a
+    solution) gives a Solution whose ``ok`` is False. ``solve_kw`` go to ``solve``.
     """
-    points: list[tuple[float, float]] = []
+    if over not in PARETO_AXES:
+        raise ValueError(f"pareto sweep over={over!r}: choose one of {PARETO_AXES}")
+    if over == "time_budget" and problem.time_cost is None:
+        raise ValueError("a Pareto sweep over time_budget needs a problem with time_cost (and a time_budget)")
+    out: list[tuple[float, Solution]] = []
     hint: Mapping[str, str] | None = solve_kw.pop("warm_start", None)
-    for rho in targets:
-        sol = solve(problem.with_target(rho), warm_start=hint, **solve_kw)
+    for target in targets:
+        sol = solve(replace(problem, **{over: target}), warm_start=hint, **solve_kw)
         if sol.ok:
             hint = sol.unit_assignment
-            points.append((rho, sol.objective))
-        else:
-            points.append((rho, math.inf))
-    return points
+        out.append((target, sol))
+    return out
+
+
+def pareto_curve(problem: Problem, targets: Iterable[float], *, over: str = "fp4_target",
+                 **solve_kw) -> list[tuple[float, float]]:
+    """Optimal objective as a function of a target: ``[(target, objective), ...]`` in the given order.
+
+    ``over``: ``"fp4_target"`` (rho, the default) or ``"time_budget"`` (``pareto_solutions``).
+    Infeasible targets (and timeouts without a solution) get ``math.inf``; a FEASIBLE-but-unproven
+    solve contributes its (upper-bound) objective.
+    """
+    return [(t, sol.objective if sol.ok else math.inf)
+            for t, sol in pareto_solutions(problem, targets, over=over, **solve_kw)]
 
 
 __all__ = [
     "COST_RESOLUTION",
     "GRANULARITIES",
+    "PARETO_AXES",
     "InfeasibleError",
     "Problem",
     "Solution",
@@ -270,5 +290,6 @@ __all__ = [
     "check_problem",
     "check_share",
     "pareto_curve",
+    "pareto_solutions",
     "solve",
 ]

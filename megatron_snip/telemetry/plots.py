@@ -220,11 +220,12 @@ def plot_timeline(plans: Sequence[PrecisionPlan], path: str | Path, title: str |
     return _save(fig, path)
 
 
-def plot_pareto(points: Sequence[tuple[float, float]], path: str | Path, title: str | None = None) -> Path:
-    """Predicted objective (sum of normalized costs of the optimal plan) vs the FP4 target rho.
+def plot_pareto(points: Sequence[tuple[float, float]], path: str | Path, title: str | None = None,
+                xlabel: str = "FP4 FLOP-share target ρ") -> Path:
+    """Predicted objective (sum of normalized costs of the optimal plan) vs a target in [0, 1]:
+    the FP4 target rho (``snip.ilp.pareto_curve``) or, with its ``xlabel``, a GEMM-time ratio.
 
-    ``points`` as returned by ``snip.ilp.pareto_curve``; targets with an infinite
-    objective (infeasible) are marked along the top edge.
+    Points with an infinite objective (infeasible targets) are marked along the top edge.
     """
     if not points:
         raise ValueError("plot_pareto needs at least one (rho, objective) point; got an empty list")
@@ -239,7 +240,7 @@ def plot_pareto(points: Sequence[tuple[float, float]], path: str | Path, title: 
     if bad:
         y_top = max(o for _, o in ok)
         ax.scatter(bad, [y_top] * len(bad), marker="x", color="tab:red", zorder=3, label="infeasible target")
-    ax.set_xlabel("FP4 FLOP-share target ρ")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("predicted objective (Σ normalized cost)")
     ax.set_xlim(-0.02, 1.02)
     ax.grid(alpha=0.3)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -254,6 +255,28 @@ def test_pareto_curve_monotone():
     assert objs[-1] == math.inf
     assert all(x <= y + 1e-9 for x, y in zip(objs, objs[1:]))
     assert objs[2] == pytest.approx(dp_oracle(p.with_target(0.5)).objective, abs=tolerance(p))
+
+
+def test_pareto_curve_over_the_time_budget():
+    """The sweep over the GEMM-time budget (the FP4 floor held): infeasible below the fastest mix, the
+    optimum non-increasing as the budget loosens, each point the DP oracle's optimum at that budget."""
+    rng = np.random.default_rng(12)
+    formats = ("bf16", "fp8", "nvfp4")
+    c = random_costs(all_gemm_ids(2), list(formats), rng)
+    tc = {"bf16": 1.0, "fp8": 0.5, "nvfp4": 0.25}
+    p = ilp.build_problem(c, SMALL_NUMEL, formats, 0.5, "gemm", time_cost=tc, time_budget=1.0)
+    budgets = [0.2, 0.3, 0.5, 0.7, 1.0]
+    sols = ilp.pareto_solutions(p, budgets, over="time_budget")
+    assert [b for b, _ in sols] == budgets and not sols[0][1].ok  # all NVFP4 (0.25) is the fastest
+    objs = [o for _, o in ilp.pareto_curve(p, budgets, over="time_budget")]
+    assert objs[0] == math.inf and all(x >= y - tolerance(p) for x, y in itertools.pairwise(objs))
+    for b, sol in sols[1:]:
+        assert sol.fp4_share >= 0.5
+        assert sol.objective == pytest.approx(dp_oracle(replace(p, time_budget=b)).objective, abs=tolerance(p))
+    with pytest.raises(ValueError, match="over='rho'"):
+        ilp.pareto_curve(p, budgets, over="rho")
+    with pytest.raises(ValueError, match="needs a problem with time_cost"):
+        ilp.pareto_curve(replace(p, time_cost=None, time_budget=None), budgets, over="time_budget")
 
 
 def test_build_problem_validation():
