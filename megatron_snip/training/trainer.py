@@ -40,7 +40,6 @@ from megatron_snip.data.pipeline import DataBundle, build_data
 from megatron_snip.model.llama import LlamaModel
 from megatron_snip.model.shapes import linear_numel, model_linear_shapes
 from megatron_snip.parallel import comm
-from megatron_snip.snip.feasibility import check_candidates_runnable
 from megatron_snip.parallel.ddp import GradReducer, counted_once, global_norm
 from megatron_snip.parallel.distributed_optimizer import DistributedOptimizer
 from megatron_snip.parallel.pipeline import schedule_for
@@ -49,6 +48,7 @@ from megatron_snip.precision import fallbacks
 from megatron_snip.precision.backends import Backend, get_backend
 from megatron_snip.precision.capability import require
 from megatron_snip.precision.plan import PrecisionPlan, all_gemm_ids
+from megatron_snip.snip.feasibility import check_candidates_runnable
 from megatron_snip.snip.host import ReferencePass, Replan
 from megatron_snip.telemetry.logger import RunLogger, step_line
 from megatron_snip.telemetry.sinks import Sinks
