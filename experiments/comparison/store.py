@@ -9,10 +9,12 @@ import os
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from experiments.comparison.protocol import (
+    BASE_POLICY,
     STATIC_BASELINES,
     TRAIN_DOMAIN,
     Protocol,
@@ -70,7 +72,17 @@ def latest_records(records: Iterable[dict]) -> dict[str, dict]:
 def is_done(spec: RunSpec, p: Protocol, latest: Mapping[str, dict]) -> bool:
     """True if ``spec`` finished ok under the same configuration (a rerun skips it)."""
     rec = latest.get(spec.name)
-    return rec is not None and rec.get("status") == "ok" and same_config(rec.get("config"), resolved_config(spec, p))
+    return rec is not None and rec.get("status") == "ok" and same_config(
+        run_identity(spec, rec.get("config")), run_identity(spec, resolved_config(spec, p)))
+
+
+def run_identity(spec: RunSpec, config: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The part of a resolved config that decides a run's outcome: all of it, except for a base run
+    (SNIP off) its ``snip`` section. So a SNIP ablation (``--set snip.granularity=gemm``) counts the
+    bases of the default's out-dir, copied into its own with their records, as done."""
+    if config is None or spec.policy != BASE_POLICY:
+        return config
+    return {section: values for section, values in config.items() if section != "snip"}
 
 
 def current_results(p: Protocol, records: Iterable[dict]) -> list[dict]:

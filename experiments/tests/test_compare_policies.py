@@ -317,6 +317,21 @@ def test_config_identity_tolerates_new_fields_at_their_default():
     assert not protocol.same_config(None, current)
 
 
+def test_a_base_run_ignores_the_snip_section():
+    """A base run trains with SNIP off: a record whose snip fields differ (an ablation's --set) still
+    counts as done, one with another model does not; a SNIP run's snip fields always count."""
+    p = small_protocol(seeds=(1,), base_steps=4)
+    ablation = small_protocol(seeds=(1,), base_steps=4, overrides=(*p.overrides, "snip.granularity=gemm"))
+    base = protocol.base_run(1)
+    latest = {base.name: {"name": base.name, "status": "ok", "config": protocol.resolved_config(base, p)}}
+    assert store.is_done(base, ablation, latest)
+    wider = small_protocol(seeds=(1,), base_steps=4, overrides=(*p.overrides, "model.hidden_size=128"))
+    assert not store.is_done(base, wider, latest)
+    snip = next(s for s in protocol.primary_runs(p) if s.policy == "snip")
+    latest[snip.name] = {"name": snip.name, "status": "ok", "config": protocol.resolved_config(snip, p)}
+    assert store.is_done(snip, p, latest) and not store.is_done(snip, ablation, latest)
+
+
 def test_rerun_skips_only_finished_runs_with_the_same_config(tmp_path, monkeypatch):
     p = small_protocol(seeds=(1,), policies=("bf16", "uniform:fp8", "snip", "random"), format_sets=(MX,))
     specs = protocol.primary_runs(p)
