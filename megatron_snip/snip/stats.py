@@ -37,11 +37,9 @@ import torch
 
 from megatron_snip.config import CURVATURE_NOISE, LOSS_FIRST_ORDER
 from megatron_snip.model.layers import ColumnParallelLinear, PrecisionLinear
-from megatron_snip.precision.formats import Operand
-from megatron_snip.precision.gemm import AmaxReducers, quant_linear
 from megatron_snip.precision.plan import LINEARS, GemmPrecision
-from megatron_snip.precision.quantize import quantize
 from megatron_snip.snip.host import ProbeHost, ReferencePass
+from megatron_snip.snip.measure import operand_error, quantized_gemms, weight_error
 
 BF16 = GemmPrecision()
 
@@ -486,48 +484,6 @@ def forward_noise_sigma(s: dict[str, Any], harshest: str) -> float:
     """σ of pass 2's noise on one linear's Y: the scale of the error being priced,
     ‖e_Y(harshest)‖ / sqrt(T·N) per element (``s``: that linear's pass-1 sums)."""
     return math.sqrt(s["per_format"][harshest]["sq_ey"] / max(1.0, s["numel_y"]))
-
-
-def quantized_gemms(lin: PrecisionLinear, x_tk: torch.Tensor, g_tn: torch.Tensor, precision: GemmPrecision, *,
-                    generator: torch.Generator | None = None,
-                    compiled: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(Y, dX, dW) of the linear's three GEMMs in ``precision`` on stored X (T, K) and G (T, N).
-
-    Run by the emulated formats (``quant_linear``, the numerics reference of every backend and
-    the emulated backend's own GEMM) with the layer's TP amax reductions (``precision.tp_amax``:
-    whole-tensor or per-shard amaxes, as the training GEMMs and the te backend), on a detached copy of
-    W: Transformer Engine's module API could only run them through the training ``te.Linear``
-    and its weight Parameter (``TEBackend.linear``). ``generator`` drives stochastic rounding.
-    """
-    with torch.enable_grad():
-        x = x_tk.detach().requires_grad_(True)
-        w = lin.weight.detach().float().requires_grad_(True)
-        y = quant_linear(x, w, precision, amax_reduce=lin.amax_reduce, generator=generator, compiled=compiled)
-        dx, dw = torch.autograd.grad(y, (x, w), g_tn)
-    return y.detach().float(), dx.float(), dw.float()
-
-
-def weight_error(lin: PrecisionLinear, fmt: str, *, generator: torch.Generator | None = None,
-                 compiled: bool = False) -> torch.Tensor:
-    """Q(W) - W of the linear's weight (N, K) fp32 as its fprop quantizes it (blocked along K)."""
-    w = lin.weight.detach().float()
-    if fmt == "bf16":
-        return torch.zeros_like(w)
-    reduce = AmaxReducers.of(lin.amax_reduce).w  # the weight's rule under precision.tp_amax, as quant_linear's
-    return quantize(w, fmt, Operand.WEIGHT, generator=generator, amax_reduce=reduce, compiled=compiled) - w
-
-
-def operand_error(lin: PrecisionLinear, x_tk: torch.Tensor, w_nk: torch.Tensor, fmt: str, which: str, *,
-                  generator: torch.Generator | None = None, compiled: bool = False) -> float:
-    """‖Q(a) - a‖² of one operand as its GEMM quantizes it (x, w: fprop blocking along K; g: dgrad along N),
-    with the layer's amax reduction for that operand (``precision.tp_amax``, as ``quant_linear``)."""
-    if fmt == "bf16":
-        return 0.0
-    red = AmaxReducers.of(lin.amax_reduce)
-    a, op, reduce = {"x": (x_tk, Operand.ACTIVATION, red.x), "w": (w_nk, Operand.WEIGHT, red.w),
-                     "g": (x_tk, Operand.GRADIENT, red.dy)}[which]
-    q = quantize(a, fmt, op, generator=generator, amax_reduce=reduce, compiled=compiled)
-    return float((q - a).pow(2).sum())
 
 
 def _empty_linear_sums(lin: PrecisionLinear, formats: tuple[str, ...]) -> dict[str, Any]:

@@ -15,7 +15,7 @@
 * The te backend on the TE stand-in (tests/te_standin.py: TE's per-module semantics, local amaxes)
   equals the emulated backend with ``tp_amax="shard"`` on a whole TP=2 model, losses and
   gradients bitwise, over two micro-batches whose weights TE is told to quantize once.
-* SNIP's measured GEMMs (``snip.stats.quantized_gemms`` on the layer's X and dY) are the layer's
+* SNIP's measured GEMMs (``snip.measure.quantized_gemms`` on the layer's X and dY) are the layer's
   own per-shard GEMMs, bit for bit.
 """
 
@@ -34,7 +34,7 @@ from megatron_snip.parallel import comm
 from megatron_snip.parallel.distributed import init_distributed
 from megatron_snip.precision.gemm import AmaxReducers, quant_linear
 from megatron_snip.precision.plan import GemmPrecision
-from megatron_snip.snip.stats import quantized_gemms
+from megatron_snip.snip.measure import quantized_gemms
 
 CFG = ModelConfig(num_layers=2, hidden_size=64, ffn_hidden_size=64, num_attention_heads=4, num_kv_heads=2)
 VOCAB, B, S = 320, 2, 32
