@@ -25,6 +25,9 @@ def input_classes(rows: int, cols: int, seed: int = 7) -> dict[str, torch.Tensor
     z[: min(rows, 16)] = 0.0
     out["zero_blocks"] = z
     out["subnormal"] = torch.randn(rows, cols, generator=g) * 2.0**-133
+    # The deepest fp32 subnormals (0, ±1..3 × 2**-149): a block amax / 6 underflows to 0 (a trained
+    # model's gradients have such blocks: fp4_block once divided by that 0 scale).
+    out["min_subnormal"] = torch.randint(-3, 4, (rows, cols), generator=g).float() * 2.0**-149
     mid = torch.tensor([1.0625, 1.1875, 0.75, 1.25, 2.5, 5.0, 0.25, 3.5])  # E4M3 and E2M1 ties
     out["midpoints"] = mid[torch.randint(0, 8, (rows, cols), generator=g)] * torch.randint(
         -4, 5, (1, cols), generator=g).exp2()

@@ -206,7 +206,7 @@ def _qdq_kernel(
             y = _round_element(x * _exp2i(-k), noise, EMIN, EMAX, MBITS, MAXV, SR) * scale_inv
         elif SCALING == 5:  # s = fl32(amax / max), correctly rounded; x / s rounded, times s
             s = tl.div_rn(amax, tl.full(amax.shape, MAXV, tl.float32))
-            s = tl.where(amax == 0.0, 1.0, s)
+            s = tl.where((amax == 0.0) | (s == 0.0), 1.0, s)  # zero block, or amax / max underflowed: 0s
             s = tl.where(finite, s, float("nan"))
             s = tl.broadcast_to(s, x.shape)
             y = _round_element(tl.div_rn(x, s), noise, EMIN, EMAX, MBITS, MAXV, SR) * s

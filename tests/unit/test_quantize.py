@@ -308,6 +308,12 @@ def test_values_beyond_element_max_and_subnormals(fmt):
     tiny = torch.randn(32, 128, generator=gen(0)) * 1e-39  # fp32 subnormals
     yt = quantize(tiny, fmt, Operand.ACTIVATION)
     assert torch.isfinite(yt).all() and (yt.abs() <= tiny.abs().max() * 1.01).all()
+    # The deepest subnormals (±1..3 ulps of 0), where amax / element max underflows fp32: still
+    # finite, never larger than the input (fp4_block once divided by its zero scale: NaN).
+    deepest = torch.randint(-3, 4, (128, 128), generator=gen(2)).float() * 2.0**-149  # fits every block
+    for operand in Operand:
+        yd = quantize(deepest, fmt, operand, generator=gen(3))
+        assert torch.isfinite(yd).all() and (yd.abs() <= deepest.abs().max()).all(), (fmt, operand)
 
 
 def test_pow2_block_scale_never_saturates_and_mx_rounding_rules():

@@ -178,9 +178,11 @@ def _qdq(
     elif spec.scaling is Scaling.BLOCK_FP32:
         # fp4_block (the SNIP paper's FP4): the stored FP32 scale s = amax / max (correctly
         # rounded on every device: _div_rn, not ``/ elem.max``); elements are x / s rounded,
-        # dequantized as q * s. A zero block keeps s = 1.
+        # dequantized as q * s. A zero block keeps s = 1, and so does a block of fp32 subnormals
+        # whose amax / max underflows to 0 (trained models' gradients have them): x / 0 would be
+        # NaN, while with s = 1 every |x| < 2**-126 rounds to 0, the nearest representable value.
         s = _div_rn(block_amax, elem.max)
-        s = torch.where(block_amax == 0, torch.ones_like(s), s)
+        s = torch.where((block_amax == 0) | (s == 0), torch.ones_like(s), s)
         s = torch.where(finite, s, torch.full_like(s, nan))  # NaN/Inf in a block poisons the block
         y = round_to_element(pb / s, elem, nb).mul_(s)
 
