@@ -1,0 +1,103 @@
+"""Paired ablation table: each variant of a policy against a reference run of it, seed by seed.
+
+    python -m experiments.ablation_table --bf16 runs/ablation/main \\
+        --row "default=runs/ablation/main:snip:fp8_block,fp4_block" \\
+        --row "granularity gemm=runs/ablation/gemm:snip:fp8_block,fp4_block" --out docs/results_ablation/table.md
+
+Each ``--row NAME=OUT_DIR:POLICY[:FORMATS]`` names the runs of ``POLICY`` (with candidate formats
+``FORMATS``, comma-separated; omitted for format-free policies) in the comparison driver's out-dir
+``OUT_DIR`` (its ``results.jsonl``: the latest ok record of each run). The first row is the
+reference. Per validation domain the table gives each row's paired Δ of the final loss against the
+reference's run of the same seed (mean ± standard error over the seeds both have, and how many),
+marked when it exceeds 2 SE, and its paired Δ against the BF16 runs of ``--bf16``'s out-dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from experiments.comparison.aggregate import paired
+from experiments.comparison.store import latest_records, read_results
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    out_dir: Path
+    policy: str
+    formats: tuple[str, ...] | None
+
+    @classmethod
+    def parse(cls, text: str) -> Row:
+        name, sep, spec = text.partition("=")
+        parts = spec.split(":")
+        if not sep or not name or len(parts) not in (2, 3) or not all(parts):
+            raise ValueError(f"--row {text!r}: write NAME=OUT_DIR:POLICY[:FORMATS], e.g. "
+                             "'default=runs/ablation/main:snip:fp8_block,fp4_block'")
+        return cls(name, Path(parts[0]), parts[1], tuple(parts[2].split(",")) if len(parts) == 3 else None)
+
+
+def finals(out_dir: Path, policy: str, formats: tuple[str, ...] | None) -> dict[int, dict[str, float]]:
+    """seed -> final losses per domain of ``policy``'s ok runs in ``out_dir``."""
+    path = out_dir / "results.jsonl"
+    if not path.is_file():
+        raise ValueError(f"{path}: no results.jsonl (run the comparison driver with --out-dir {out_dir} first)")
+    out = {}
+    for rec in latest_records(read_results(path)).values():
+        if rec.get("status") == "ok" and rec["policy"] == policy and \
+                (None if rec.get("formats") is None else tuple(rec["formats"])) == formats:
+            out[rec["seed"]] = {k: float(v) for k, v in rec.get("final", {}).items()}
+    return out
+
+
+def cell(a: dict[int, dict[str, float]], b: dict[int, dict[str, float]], domain: str, *, verdict: bool) -> str:
+    mean, std, n = paired({s: v[domain] for s, v in a.items() if domain in v},
+                          {s: v[domain] for s, v in b.items() if domain in v})
+    if n == 0:
+        return "—"
+    se = std / math.sqrt(n) if n > 1 else float("nan")
+    mark = " **(> 2 SE)**" if verdict and n > 1 and abs(mean) > 2 * se else ""
+    return f"{mean:+.4f} ± {se:.4f} ({n}){mark}"
+
+
+def table(rows: list[Row], bf16_dir: Path | None) -> str:
+    runs = [finals(r.out_dir, r.policy, r.formats) for r in rows]
+    bf16 = finals(bf16_dir, "bf16", None) if bf16_dir is not None else {}
+    domains = sorted({d for per_seed in runs for v in per_seed.values() for d in v},
+                     key=lambda d: (d != "val_loss", d))
+    head = ["variant", "seeds"] + [f"Δ vs {rows[0].name}: `{d}`" for d in domains] + \
+        ([f"Δ vs BF16: `{d}`" for d in domains] if bf16 else [])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row, per_seed in zip(rows, runs):
+        cells = [row.name, ",".join(map(str, sorted(per_seed))) or "none"]
+        cells += ["reference" if row is rows[0] else cell(per_seed, runs[0], d, verdict=True) for d in domains]
+        cells += [cell(per_seed, bf16, d, verdict=False) for d in domains] if bf16 else []
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--row", action="append", required=True, help="NAME=OUT_DIR:POLICY[:FORMATS]; the first is the reference")
+    ap.add_argument("--bf16", type=Path, default=None, help="out-dir whose bf16 runs give the Δ vs BF16 columns")
+    ap.add_argument("--out", type=Path, default=None, help="write the table here (default: print it)")
+    args = ap.parse_args(argv)
+    try:
+        text = table([Row.parse(r) for r in args.row], args.bf16)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.out is None:
+        print(text, end="")
+    else:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

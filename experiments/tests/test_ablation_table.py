@@ -1,0 +1,43 @@
+"""experiments/ablation_table.py on hand-made records: paired Δ against the reference and BF16, the
+> 2 SE mark, and clear errors for a bad --row or a missing out-dir."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from experiments import ablation_table
+
+
+def _records(out_dir, runs):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"name": f"{p}_{s}", "policy": p, "formats": f, "seed": s, "status": st, "final": {"val_loss": v}})
+             for p, f, s, v, st in runs]
+    (out_dir / "results.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_paired_rows_against_the_reference_and_bf16(tmp_path):
+    fs = ["fp8_block", "fp4_block"]
+    _records(tmp_path / "main", [("bf16", None, s, 1.0, "ok") for s in (1, 2, 3)]
+             + [("snip", fs, s, 1.0 + d, "ok") for s, d in ((1, 0.010), (2, 0.012), (3, 0.011))])
+    _records(tmp_path / "var", [("snip", fs, s, 1.0 + d, "ok") for s, d in ((1, 0.020), (2, 0.023), (3, 0.021))]
+             + [("snip", fs, 4, 9.0, "failed")])  # a failed run does not count
+    text = ablation_table.table([ablation_table.Row.parse(f"default={tmp_path / 'main'}:snip:fp8_block,fp4_block"),
+                                 ablation_table.Row.parse(f"variant={tmp_path / 'var'}:snip:fp8_block,fp4_block")],
+                                tmp_path / "main")
+    default, variant = text.splitlines()[2:]
+    assert "reference" in default and "+0.0110" in default  # Δ vs BF16: mean of 0.010, 0.012, 0.011
+    # differences 0.010, 0.011, 0.010: mean 0.01033, sample std 0.000577, SE 0.000333
+    assert "+0.0103 ± 0.0003 (3) **(> 2 SE)**" in variant and "1,2,3" in variant
+
+
+@pytest.mark.parametrize("bad", ["noname", "x=dir", "x=:snip", "=dir:snip"])
+def test_a_bad_row_is_named(bad):
+    with pytest.raises(ValueError, match="--row"):
+        ablation_table.Row.parse(bad)
+
+
+def test_a_missing_out_dir_is_named(tmp_path, capsys):
+    assert ablation_table.main(["--row", f"a={tmp_path / 'nowhere'}:snip"]) == 2
+    assert "nowhere" in capsys.readouterr().err
