@@ -9,7 +9,8 @@ Each ``--row NAME=OUT_DIR:POLICY[:FORMATS]`` names the runs of ``POLICY`` (with 
 ``OUT_DIR`` (its ``results.jsonl``: the latest ok record of each run). The first row is the
 reference. Per validation domain the table gives each row's paired Δ of the final loss against the
 reference's run of the same seed (mean ± standard error over the seeds both have, and how many),
-marked when it exceeds 2 SE, and its paired Δ against the BF16 runs of ``--bf16``'s out-dir.
+marked when it exceeds 2 SE over at least 3 pairs, and its paired Δ against the BF16 runs of
+``--bf16``'s out-dir.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ def cell(a: dict[int, dict[str, float]], b: dict[int, dict[str, float]], domain:
     if n == 0:
         return "—"
     se = std / math.sqrt(n) if n > 1 else float("nan")
-    mark = " **(> 2 SE)**" if verdict and n > 1 and abs(mean) > 2 * se else ""
+    # Two pairs give an SE with one degree of freedom: no verdict from fewer than three.
+    mark = " **(> 2 SE)**" if verdict and n >= 3 and abs(mean) > 2 * se else ""
     return f"{mean:+.4f} ± {se:.4f} ({n}){mark}"
 
 

@@ -32,6 +32,15 @@ def test_paired_rows_against_the_reference_and_bf16(tmp_path):
     assert "+0.0103 ± 0.0003 (3) **(> 2 SE)**" in variant and "1,2,3" in variant
 
 
+def test_no_verdict_from_two_pairs(tmp_path):
+    fs = ["fp8_block", "fp4_block"]
+    _records(tmp_path / "main", [("snip", fs, s, 1.0, "ok") for s in (1, 2)])
+    _records(tmp_path / "var", [("snip", fs, 1, 1.010, "ok"), ("snip", fs, 2, 1.011, "ok")])
+    text = ablation_table.table([ablation_table.Row.parse(f"a={tmp_path / 'main'}:snip:fp8_block,fp4_block"),
+                                 ablation_table.Row.parse(f"b={tmp_path / 'var'}:snip:fp8_block,fp4_block")], None)
+    assert "+0.0105 ± 0.0005 (2)" in text and "2 SE" not in text
+
+
 @pytest.mark.parametrize("bad", ["noname", "x=dir", "x=:snip", "=dir:snip"])
 def test_a_bad_row_is_named(bad):
     with pytest.raises(ValueError, match="--row"):
