@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from partial_run import train_steps_and_save
 
 from megatron_snip.config import load_config
 from megatron_snip.data import blend as blend_mod
@@ -151,12 +152,7 @@ def test_blend_trains_logs_each_source_and_resumes_exactly(small_overrides, two_
 
     over2 = [o for o in small_overrides if not o.startswith("training.run_dir")] + [f"training.run_dir={tmp_path / 'r2'}"]
     first = Trainer(load_config(TINY, over2 + common + ["training.save_interval=3"]))
-    for _ in range(3):
-        res = first.train_step(first.step)
-        first.step += 1
-        first.logger.log_metrics(first.step, {"loss": res.loss})
-    first.save()
-    first.logger.close()
+    train_steps_and_save(first, 3)
     resumed = Trainer(load_config(TINY, over2 + common + ["training.resume=true"]))
     assert resumed.step == 3
     resumed.fit()

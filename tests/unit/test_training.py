@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from partial_run import train_steps_and_save
 
 from megatron_snip.config import TrainingConfig, load_config
 from megatron_snip.model.shapes import linear_numel, model_linear_shapes
@@ -54,12 +55,7 @@ def test_resume_is_bitwise_identical(small_overrides, tmp_path):
     first = load_config(TINY, over2 + ["training.max_steps=20", "training.save_interval=10"])
     t = Trainer(first)
     t.cfg = first  # stop after 10 steps by running fit with a callback-free loop below
-    for _ in range(10):
-        res = t.train_step(t.step)
-        t.step += 1
-        t.logger.log_metrics(t.step, {"loss": res.loss})
-    t.save()
-    t.logger.close()
+    train_steps_and_save(t, 10)
     resumed = Trainer(load_config(TINY, over2 + ["training.max_steps=20", "training.resume=true"]))
     assert resumed.step == 10
     resumed.fit()
