@@ -245,9 +245,10 @@ class TrainingConfig:
     grad_bucket_mb: float = 25.0  # gradient reduction bucket size (all-reduce, or ZeRO-1's reduce-scatter)
     recompute: str = "none"  # activation recompute: "none", "selective" (core attention) or "full" (whole blocks)
     recompute_every: int = 1  # "full": recompute every k-th block of each pipeline stage (1 = all)
-    # torch.compile each block's elementwise regions (norms, RoPE + attention, SwiGLU; the linears
-    # stay eager, so re-plans recompile nothing): model/compiled_regions.py. Within a derived
-    # tolerance of eager, not bitwise (tests/unit/test_compiled_regions.py); off by default.
+    # torch.compile each block's elementwise regions (norms, RoPE + attention, SwiGLU) and the loss
+    # without TP; the linears stay eager, so re-plans recompile nothing: model/compiled_regions.py.
+    # Within a derived tolerance of eager, not bitwise (tests/unit/test_compiled_regions.py); off by
+    # default (it pays only on long runs on CPU, and has not run on CUDA: README).
     compile: bool = False
     seed: int = 1234
     dtype: str = "auto"  # "auto" (bf16 autocast on CUDA, fp32 on CPU), "float32" or "bfloat16"

@@ -7,7 +7,12 @@ weights as arguments, so one graph per input shape and dtype serves all layers):
 
 * ``rms_norm`` - the block's two norms and the final norm;
 * ``attention_core`` - RoPE on q and k, causal SDPA, the head reshapes;
-* ``swiglu`` - silu(gate) * up.
+* ``swiglu`` - silu(gate) * up;
+* ``cross_entropy`` - the loss of unsharded logits (no TP): fp32 cast, log-softmax, target gather
+  and mean in one graph (``LlamaModel.loss``). The LM head's GEMM stays eager like every linear;
+  the vocab-parallel loss under TP (three collectives inside an autograd function) stays eager.
+  ``python -m experiments.bench.head_loss``: 0.94x the eager loss + head time at a Llama
+  vocabulary (32000) on CPU, neutral at ``tiny``'s 320; the gradients are the eager bits there.
 
 Eager, and why:
 
@@ -74,6 +79,11 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     """(..., 2F) [gate; up] -> silu(gate) * up (..., F)."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def cross_entropy(logits_tv: torch.Tensor, targets_t: torch.Tensor) -> torch.Tensor:
+    """Mean token cross entropy (nats, fp32) of logits (T, V) in any float dtype and targets (T,) int64."""
+    return F.cross_entropy(logits_tv.float(), targets_t)
 
 
 def compiled(fn: Callable[..., torch.Tensor], device: torch.device) -> Callable[..., torch.Tensor] | None:

@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from megatron_snip.model import compiled_regions
 from megatron_snip.parallel import comm
 from megatron_snip.parallel.sequence_shard import save_sequence_shard
 from megatron_snip.parallel.topology import TensorParallel
@@ -366,13 +367,16 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
 
 def vocab_parallel_cross_entropy(logits_bsv: torch.Tensor, targets_bs: torch.Tensor,
-                                 tp: TensorParallel = UNSHARDED) -> torch.Tensor:
+                                 tp: TensorParallel = UNSHARDED, *, compiled: bool = False) -> torch.Tensor:
     """Mean token cross entropy (nats, fp32) of logits whose last dim is this rank's vocab slice.
 
-    Without TP this is ``F.cross_entropy`` on the full logits. Every TP rank returns the same loss.
+    Without TP this is ``F.cross_entropy`` on the full logits (``compiled``: through its compiled
+    graph, ``compiled_regions.cross_entropy``). Every TP rank returns the same loss.
     """
     if tp.size == 1:
-        return F.cross_entropy(logits_bsv.reshape(-1, logits_bsv.shape[-1]).float(), targets_bs.reshape(-1))
+        args = (logits_bsv.reshape(-1, logits_bsv.shape[-1]), targets_bs.reshape(-1))
+        loss_fn = compiled_regions.cross_entropy
+        return compiled_regions.run(loss_fn, *args) if compiled else loss_fn(*args)
     v_local = logits_bsv.shape[-1]
     per_token = _VocabParallelCrossEntropy.apply(logits_bsv.reshape(-1, v_local), targets_bs.reshape(-1),
                                                  tp.group, tp.rank * v_local)

@@ -185,6 +185,7 @@ class LlamaModel(nn.Module):
             self.lm_head = ParallelLMHead(cfg.hidden_size, vocab_size, init_std=cfg.init_std, tp=tp,
                                           init_generator=_gen(seed, "lm_head.weight"))
         self._rope_cache: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.compiled_loss = False  # set by set_compile (training.compile)
 
     # --- precision seam ---------------------------------------------------------
     def precision_linears(self) -> Iterator[PrecisionLinear]:
@@ -241,13 +242,13 @@ class LlamaModel(nn.Module):
                 lin.weight_copy.enabled = not block.recompute
 
     def set_compile(self, enabled: bool) -> None:
-        """``training.compile``: run every norm, core attention and SwiGLU of this stage through
-        their compiled graphs (``model/compiled_regions.py``; the linears stay eager)."""
+        """``training.compile``: run every norm, core attention and SwiGLU of this stage, and the loss
+        without TP, through their compiled graphs (``model/compiled_regions.py``; the linears stay eager)."""
         for block in self.layers.values():
             block.attn_norm.compiled = block.mlp_norm.compiled = enabled
             block.attn.compiled = block.mlp.compiled = enabled
         if self.post_process:
-            self.final_norm.compiled = enabled
+            self.final_norm.compiled = self.compiled_loss = enabled
 
     @contextmanager
     def weight_copies_for_step(self) -> Iterator[None]:
@@ -310,7 +311,7 @@ class LlamaModel(nn.Module):
 
     def loss(self, logits_bsv: torch.Tensor, targets_bs: torch.Tensor) -> torch.Tensor:
         """Mean token cross entropy (fp32) of ``forward``'s logits; vocab-parallel under TP."""
-        return vocab_parallel_cross_entropy(logits_bsv, targets_bs, self.tp)
+        return vocab_parallel_cross_entropy(logits_bsv, targets_bs, self.tp, compiled=self.compiled_loss)
 
     # --- tensor-parallel layout ------------------------------------------------------------
     def tp_shard_spec(self) -> dict[str, tuple[int, int] | None]:

@@ -1,4 +1,4 @@
-"""training.compile (issue #24 item 1): compiled block regions against eager, recompiles across
+"""training.compile (issue #24 item 1): compiled block regions and loss against eager, recompiles across
 re-plans, and 20 steps of tiny compiled against eager.
 
 Tolerances (fp32 on CPU; inductor keeps the ops but may reorder a reduction and fuse
@@ -70,6 +70,25 @@ def test_attention_core_and_swiglu_compiled_match_eager():
     _compare(regions.attention_core, (qkv, cos, sin, heads, groups, hd), (qkv,), rtol=(4 * s + 16) * U)
     gate_up = torch.randn(b, s, 2 * 32, requires_grad=True)
     _compare(regions.swiglu, (gate_up,), (gate_up,), rtol=16 * U)  # elementwise only: a few ulps
+
+
+def test_cross_entropy_compiled_matches_eager_and_the_model_uses_it(monkeypatch):
+    torch.manual_seed(0)
+    t, v = 64, 320
+    logits = torch.randn(t, v, requires_grad=True)
+    targets = torch.randint(0, v, (t,))
+    # log-sum-exp over V (v·u) and the mean over T (t·u); the gradient softmax - one-hot is
+    # elementwise around the same sum over V.
+    _compare(regions.cross_entropy, (logits, targets), (logits,), rtol=(v + t + 16) * U)
+
+    from megatron_snip.model.llama import LlamaModel
+
+    model = LlamaModel(load_config(TINY).model, vocab_size=v, seed=0)
+    model.set_compile(True)
+    ran = []
+    monkeypatch.setattr(regions, "run", lambda fn, *args: ran.append(fn.__name__) or fn(*args))
+    model.loss(logits.detach().view(4, 16, v), targets.view(4, 16))
+    assert ran == ["cross_entropy"]
 
 
 def test_replans_recompile_nothing(small_overrides):
