@@ -4,9 +4,10 @@
         --row "default=runs/ablation/main:snip:fp8_block,fp4_block" \\
         --row "granularity gemm=runs/ablation/gemm:snip:fp8_block,fp4_block" --out docs/results_ablation/table.md
 
-Each ``--row NAME=OUT_DIR:POLICY[:FORMATS]`` names the runs of ``POLICY`` (with candidate formats
-``FORMATS``, comma-separated; omitted for format-free policies) in the comparison driver's out-dir
-``OUT_DIR`` (its ``results.jsonl``: the latest ok record of each run). The first row is the
+Each ``--row NAME=OUT_DIR:POLICY[:FORMATS[@RHO]]`` names the runs of ``POLICY`` (with candidate
+formats ``FORMATS``, comma-separated; omitted for format-free policies; ``@RHO`` picks one FP4
+target where the out-dir holds several, as ``docs/results/`` does) in the comparison driver's
+out-dir ``OUT_DIR`` (its ``results.jsonl``: the latest ok record of each run). The first row is the
 reference. Per validation domain the table gives each row's paired Δ of the final loss against the
 reference's run of the same seed (mean ± standard error over the seeds both have, and how many),
 marked when it exceeds 2 SE over at least 3 pairs, and its paired Δ against the BF16 runs of
@@ -31,27 +32,42 @@ class Row:
     out_dir: Path
     policy: str
     formats: tuple[str, ...] | None
+    rho: float | None = None
 
     @classmethod
     def parse(cls, text: str) -> Row:
+        usage = (f"--row {text!r}: write NAME=OUT_DIR:POLICY[:FORMATS[@RHO]], e.g. "
+                 "'default=runs/ablation/main:snip:fp8_block,fp4_block@0.8'")
         name, sep, spec = text.partition("=")
         parts = spec.split(":")
         if not sep or not name or len(parts) not in (2, 3) or not all(parts):
-            raise ValueError(f"--row {text!r}: write NAME=OUT_DIR:POLICY[:FORMATS], e.g. "
-                             "'default=runs/ablation/main:snip:fp8_block,fp4_block'")
-        return cls(name, Path(parts[0]), parts[1], tuple(parts[2].split(",")) if len(parts) == 3 else None)
+            raise ValueError(usage)
+        formats, rho = (parts[2].partition("@")[::2]) if len(parts) == 3 else (None, "")
+        try:
+            rho_value = float(rho) if rho else None
+        except ValueError:
+            raise ValueError(f"{usage} (RHO {rho!r} is not a number)") from None
+        return cls(name, Path(parts[0]), parts[1], tuple(formats.split(",")) if formats else None, rho_value)
 
 
-def finals(out_dir: Path, policy: str, formats: tuple[str, ...] | None) -> dict[int, dict[str, float]]:
-    """seed -> final losses per domain of ``policy``'s ok runs in ``out_dir``."""
+def finals(out_dir: Path, policy: str, formats: tuple[str, ...] | None,
+           rho: float | None = None) -> dict[int, dict[str, float]]:
+    """seed -> final losses per domain of ``policy``'s ok runs in ``out_dir`` (at FP4 target ``rho``
+    if given; without it, the runs must all have one target)."""
     path = out_dir / "results.jsonl"
     if not path.is_file():
         raise ValueError(f"{path}: no results.jsonl (run the comparison driver with --out-dir {out_dir} first)")
-    out = {}
+    out: dict[int, dict[str, float]] = {}
+    rhos = set()
     for rec in latest_records(read_results(path)).values():
         if rec.get("status") == "ok" and rec["policy"] == policy and \
-                (None if rec.get("formats") is None else tuple(rec["formats"])) == formats:
+                (None if rec.get("formats") is None else tuple(rec["formats"])) == formats and \
+                (rho is None or rec.get("rho") is not None and math.isclose(rec["rho"], rho)):
+            rhos.add(rec.get("rho"))
             out[rec["seed"]] = {k: float(v) for k, v in rec.get("final", {}).items()}
+    if len(rhos) > 1:
+        raise ValueError(f"{path}: {policy} {','.join(formats or ())} ran at several FP4 targets "
+                         f"{sorted(rhos)}; pick one with @RHO after the formats")
     return out
 
 
@@ -67,7 +83,7 @@ def cell(a: dict[int, dict[str, float]], b: dict[int, dict[str, float]], domain:
 
 
 def table(rows: list[Row], bf16_dir: Path | None) -> str:
-    runs = [finals(r.out_dir, r.policy, r.formats) for r in rows]
+    runs = [finals(r.out_dir, r.policy, r.formats, r.rho) for r in rows]
     bf16 = finals(bf16_dir, "bf16", None) if bf16_dir is not None else {}
     domains = sorted({d for per_seed in runs for v in per_seed.values() for d in v},
                      key=lambda d: (d != "val_loss", d))
@@ -84,7 +100,7 @@ def table(rows: list[Row], bf16_dir: Path | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--row", action="append", required=True, help="NAME=OUT_DIR:POLICY[:FORMATS]; the first is the reference")
+    ap.add_argument("--row", action="append", required=True, help="NAME=OUT_DIR:POLICY[:FORMATS[@RHO]]; the first is the reference")
     ap.add_argument("--bf16", type=Path, default=None, help="out-dir whose bf16 runs give the Δ vs BF16 columns")
     ap.add_argument("--out", type=Path, default=None, help="write the table here (default: print it)")
     args = ap.parse_args(argv)

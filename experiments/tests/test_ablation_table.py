@@ -10,10 +10,10 @@ import pytest
 from experiments import ablation_table
 
 
-def _records(out_dir, runs):
+def _records(out_dir, runs, rho=None):
     out_dir.mkdir(parents=True, exist_ok=True)
-    lines = [json.dumps({"name": f"{p}_{s}", "policy": p, "formats": f, "seed": s, "status": st, "final": {"val_loss": v}})
-             for p, f, s, v, st in runs]
+    lines = [json.dumps({"name": f"{p}_{s}_{rho}", "policy": p, "formats": f, "rho": rho if f else None, "seed": s,
+                         "status": st, "final": {"val_loss": v}}) for p, f, s, v, st in runs]
     (out_dir / "results.jsonl").write_text("\n".join(lines) + "\n")
 
 
@@ -41,7 +41,24 @@ def test_no_verdict_from_two_pairs(tmp_path):
     assert "+0.0105 ± 0.0005 (2)" in text and "2 SE" not in text
 
 
-@pytest.mark.parametrize("bad", ["noname", "x=dir", "x=:snip", "=dir:snip"])
+def test_several_targets_need_a_rho(tmp_path):
+    """An out-dir with runs at two FP4 targets (as docs/results/): without @RHO the table refuses to
+    mix them; with it, it takes that target's runs only."""
+    fs = ["fp8_block", "fp4_block"]
+    _records(tmp_path / "main", [("snip", fs, s, 1.0, "ok") for s in (1, 2, 3)], rho=0.8)
+    with (tmp_path / "main" / "results.jsonl").open("a") as f:
+        f.writelines(json.dumps({"name": f"snip_{s}_0.75", "policy": "snip", "formats": fs, "rho": 0.75, "seed": s,
+                                 "status": "ok", "final": {"val_loss": 2.0}}) + "\n" for s in (1, 2, 3))
+    _records(tmp_path / "var", [("snip", fs, s, 1.01, "ok") for s in (1, 2, 3)], rho=0.8)
+    with pytest.raises(ValueError, match=r"several FP4 targets \[0.75, 0.8\].*@RHO"):
+        ablation_table.table([ablation_table.Row.parse(f"a={tmp_path / 'main'}:snip:fp8_block,fp4_block"),
+                              ablation_table.Row.parse(f"b={tmp_path / 'var'}:snip:fp8_block,fp4_block")], None)
+    text = ablation_table.table([ablation_table.Row.parse(f"a={tmp_path / 'main'}:snip:fp8_block,fp4_block@0.8"),
+                                 ablation_table.Row.parse(f"b={tmp_path / 'var'}:snip:fp8_block,fp4_block@0.8")], None)
+    assert "+0.0100 ± 0.0000 (3)" in text
+
+
+@pytest.mark.parametrize("bad", ["noname", "x=dir", "x=:snip", "=dir:snip", "x=dir:snip:fp8@high"])
 def test_a_bad_row_is_named(bad):
     with pytest.raises(ValueError, match="--row"):
         ablation_table.Row.parse(bad)
