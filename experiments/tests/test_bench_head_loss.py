@@ -12,7 +12,7 @@ def test_head_loss_bench_runs_and_its_variants_agree(capsys):
     head_loss.main(["--shapes", "tiny", "--rounds", "1", "--warmup", "1"])
     out = capsys.readouterr().out
     rows = {m[0]: [float(x) for x in m[1:]] for m in re.findall(
-        r"^\s+(eager|loss|head\+loss)\s+\S+ s\s+x\S+\s+(\S+)\s+(\S+)\s+(\S+)$", out, flags=re.M)}
+        r"^\s+(eager|loss|head\+loss)\s+\S+ s\s+x\S+\s+(\S+)\s+(\S+)\s+(\S+)$", out, flags=re.MULTILINE)}
     assert sorted(rows) == ["eager", "head+loss", "loss"], out
     # Worst-case reduction-order bounds n·u·Σ|terms| (u = 2^-24): the loss sums V = 320 exponentials
     # and averages T = 2048 log-sum-exps of ~6 nats, (T + V)·u·6 ≈ 1e-3; dW sums T products with
