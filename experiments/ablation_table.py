@@ -4,8 +4,8 @@
         --row "default=runs/ablation/main:snip:fp8_block,fp4_block" \\
         --row "granularity gemm=runs/ablation/gemm:snip:fp8_block,fp4_block" --out docs/results_ablation/table.md
 
-Each ``--row NAME=OUT_DIR:POLICY[:FORMATS[@RHO]]`` names the runs of ``POLICY`` (with candidate
-formats ``FORMATS``, comma-separated; omitted for format-free policies; ``@RHO`` picks one FP4
+Each ``--row NAME=OUT_DIR:POLICY[:FORMATS[@RHO]]`` names the runs of ``POLICY`` (a policy with an
+argument written whole, ``uniform:fp4_block``; with candidate formats ``FORMATS``, comma-separated; omitted for format-free policies; ``@RHO`` picks one FP4
 target where the out-dir holds several, as ``docs/results/`` does) in the comparison driver's
 out-dir ``OUT_DIR`` (its ``results.jsonl``: the latest ok record of each run). The first row is the
 reference. Per validation domain the table gives each row's paired Δ of the final loss against the
@@ -24,6 +24,7 @@ from pathlib import Path
 
 from experiments.comparison.aggregate import paired
 from experiments.comparison.store import latest_records, read_results
+from megatron_snip.snip.policies import parse_policy
 
 
 @dataclass(frozen=True)
@@ -40,14 +41,25 @@ class Row:
                  "'default=runs/ablation/main:snip:fp8_block,fp4_block@0.8'")
         name, sep, spec = text.partition("=")
         parts = spec.split(":")
-        if not sep or not name or len(parts) not in (2, 3) or not all(parts):
+        if not sep or not name or len(parts) not in (2, 3, 4) or not all(parts):
             raise ValueError(usage)
+        # A policy with an argument (``uniform:fp4_block``) keeps its colon; candidate formats follow it.
+        joined = len(parts) == 4 or (len(parts) == 3 and _is_policy(f"{parts[1]}:{parts[2]}"))
+        parts = [parts[0], f"{parts[1]}:{parts[2]}", *parts[3:]] if joined else parts
         formats, rho = (parts[2].partition("@")[::2]) if len(parts) == 3 else (None, "")
         try:
             rho_value = float(rho) if rho else None
         except ValueError:
             raise ValueError(f"{usage} (RHO {rho!r} is not a number)") from None
         return cls(name, Path(parts[0]), parts[1], tuple(formats.split(",")) if formats else None, rho_value)
+
+
+def _is_policy(spec: str) -> bool:
+    try:
+        parse_policy(spec)
+    except ValueError:
+        return False
+    return True
 
 
 def finals(out_dir: Path, policy: str, formats: tuple[str, ...] | None,

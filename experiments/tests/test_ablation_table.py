@@ -58,6 +58,13 @@ def test_several_targets_need_a_rho(tmp_path):
     assert "+0.0100 ± 0.0000 (3)" in text
 
 
+def test_a_policy_with_an_argument_keeps_its_colon():
+    row = ablation_table.Row.parse("u=dir:uniform:fp4_block")
+    assert (row.policy, row.formats) == ("uniform:fp4_block", None)
+    row = ablation_table.Row.parse("s=dir:snip:fp8_block,fp4_block@0.8")
+    assert (row.policy, row.formats, row.rho) == ("snip", ("fp8_block", "fp4_block"), 0.8)
+
+
 @pytest.mark.parametrize("bad", ["noname", "x=dir", "x=:snip", "=dir:snip", "x=dir:snip:fp8@high"])
 def test_a_bad_row_is_named(bad):
     with pytest.raises(ValueError, match="--row"):
