@@ -33,21 +33,19 @@ import torch
 import torch.nn.functional as F
 
 from experiments.bench.common import machine
+from megatron_snip.model.compiled_regions import compiled, cross_entropy
 
 SHAPES = {"tiny": (2048, 256, 320), "llama_vocab": (1024, 1024, 32000)}  # (T, D, V)
 
 
 def tail(h_td: torch.Tensor, w_vd: torch.Tensor, t_t: torch.Tensor) -> torch.Tensor:
     """The last stage's tail as the model runs it without TP: mean token cross entropy (fp32)."""
-    return loss_of(F.linear(h_td, w_vd), t_t)
-
-
-def loss_of(logits_tv: torch.Tensor, t_t: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits_tv.float(), t_t)
+    return cross_entropy(F.linear(h_td, w_vd), t_t)
 
 
 def variants() -> dict:
-    compiled_loss = torch.compile(loss_of, dynamic=False)
+    """The three variants; ``loss`` is the graph ``training.compile`` runs (``compiled_regions``)."""
+    compiled_loss = compiled(cross_entropy, torch.device("cpu"))
     return {"eager": tail,
             "loss": lambda h, w, t: compiled_loss(F.linear(h, w), t),
             "head+loss": torch.compile(tail, dynamic=False)}
@@ -62,7 +60,9 @@ def run_once(fn, h, w, t) -> tuple[float, torch.Tensor, torch.Tensor, torch.Tens
     return time.process_time() - start, loss.detach(), h.grad, w.grad
 
 
-def bench(name: str, dtype: torch.dtype, rounds: int, warmup: int) -> None:
+def bench(name: str, dtype: torch.dtype, rounds: int, warmup: int) -> dict[str, tuple[float, float, list[float]]]:
+    """Prints and returns, per variant: median CPU s, median ratio to eager, and the max |difference|
+    from eager of (loss, dh, dw)."""
     T, D, V = SHAPES[name]
     g = torch.Generator().manual_seed(0)
     h = torch.randn(T, D, generator=g).to(dtype)
@@ -84,11 +84,13 @@ def bench(name: str, dtype: torch.dtype, rounds: int, warmup: int) -> None:
     _, ref_loss, ref_dh, ref_dw = results["eager"]
     print(f"\n{name} (T {T}, D {D}, V {V}) {str(dtype).removeprefix('torch.')}: median CPU s, median ratio to eager,"
           " max |difference| from eager (loss, dh, dw)")
+    out = {}
     for k in fns:
         _, loss, dh, dw = results[k]
         diffs = [(a.float() - b.float()).abs().max().item() for a, b in ((loss, ref_loss), (dh, ref_dh), (dw, ref_dw))]
-        print(f"  {k:10s} {statistics.median(times[k]):8.4f} s   x{statistics.median(ratios[k]):.3f}   "
-              + "  ".join(f"{d:.1e}" for d in diffs))
+        out[k] = (statistics.median(times[k]), statistics.median(ratios[k]), diffs)
+        print(f"  {k:10s} {out[k][0]:8.4f} s   x{out[k][1]:.3f}   " + "  ".join(f"{d:.1e}" for d in diffs))
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,8 +11,8 @@ weights as arguments, so one graph per input shape and dtype serves all layers):
 * ``cross_entropy`` - the loss of unsharded logits (no TP): fp32 cast, log-softmax, target gather
   and mean in one graph (``LlamaModel.loss``). The LM head's GEMM stays eager like every linear;
   the vocab-parallel loss under TP (three collectives inside an autograd function) stays eager.
-  ``python -m experiments.bench.head_loss``: 0.94x the eager loss + head time at a Llama
-  vocabulary (32000) on CPU, neutral at ``tiny``'s 320; the gradients are the eager bits there.
+  ``python -m experiments.bench.head_loss``: 0.97x the eager loss + head time at a Llama
+  vocabulary (32000) on a quiet CPU, ~1 ms slower at ``tiny``'s 320; the gradients are the eager bits.
 
 Eager, and why:
 
