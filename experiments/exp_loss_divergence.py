@@ -6,7 +6,7 @@ On the comparison's model (``experiments.comparison.protocol.DEFAULT_SETS``: 8 b
 linears) trained in BF16 for --steps at constant LR (the continued protocol's base checkpoint; a
 run directory per seed under --run-root, resumed when present), with candidates --formats:
 
-1. The truth (``validate_metrics.loss_truth``): per linear ℓ and format f, the loss with only ℓ's
+1. The truth (``snip.truth.loss_changes``): per linear ℓ and format f, the loss with only ℓ's
    fprop in f minus the reference loss, averaged over --truth-batches held-out micro-batches; its
    split-half reliability says how well any estimate can be expected to rank against it.
 2. The probe truth: the same measured on the probe micro-batches of window 0 (training data): the
@@ -34,6 +34,7 @@ import numpy as np
 
 from experiments import validate_metrics as vm
 from experiments.comparison.protocol import DEFAULT_SETS
+from megatron_snip.snip.truth import loss_changes
 from megatron_snip.snip.controller import draw_micro_batches
 from megatron_snip.snip.metrics import curvature
 from megatron_snip.snip.stats import ProbeConfig, StatsCollector
@@ -146,11 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     if same and "truth_per_batch" in cached:  # the truth of this checkpoint was measured already: reuse it
         per_batch = {tuple(k.split(":")): v for k, v in cached["truth_per_batch"].items()}
     else:
-        per_batch = vm.loss_truth(trainer, scored, vm.held_out_batches(trainer, args.truth_batches))
+        per_batch = loss_changes(trainer, scored, vm.held_out_batches(trainer, args.truth_batches))
     if same and "truth_mirrored_per_batch" in cached:
         mirrored = {tuple(k.split(":")): v for k, v in cached["truth_mirrored_per_batch"].items()}
     else:
-        mirrored = vm.loss_truth(trainer, scored, vm.held_out_batches(trainer, args.truth_batches), mirrored=True)
+        mirrored = loss_changes(trainer, scored, vm.held_out_batches(trainer, args.truth_batches), mirrored=True)
     truth = {k: float(np.mean(v)) for k, v in per_batch.items()}
     # The truth's even (second-order) and odd (first-order) parts, from the loss changes at +e and -e.
     truth_even = {k: 0.5 * (truth[k] + float(np.mean(mirrored[k]))) for k in truth}
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     if same and "probe_truth_per_batch" in cached:
         probe_per_batch = {tuple(k.split(":")): v for k, v in cached["probe_truth_per_batch"].items()}
     else:
-        probe_per_batch = vm.loss_truth(trainer, scored, probe(0, 2))
+        probe_per_batch = loss_changes(trainer, scored, probe(0, 2))
     probe_truth = {k: float(np.mean(v)) for k, v in probe_per_batch.items()}
     results = [{"setting": "probe truth (measured on the probe batches)",
                 "spearman": scores(probe_truth, truth, scored)}]

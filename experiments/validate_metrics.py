@@ -4,7 +4,8 @@
 
 1. Trains `tiny` in BF16 for --steps (or resumes the run in --run-dir if it has a checkpoint).
 2. Collects SNIP statistics on probe batches of training data, as the controller does.
-3. Ground truth on *held-out* batches, for every linear ℓ and format f, paired against BF16:
+3. Ground truth (``megatron_snip/snip/truth.py``) on *held-out* batches, for every linear ℓ and
+   format f, paired against BF16:
    - ΔL_true: loss with only ℓ's fprop in f minus the BF16 loss, averaged over batches;
    - ΔW_true: relative deviation ‖u_f − u‖/‖u‖ of the one-step AdamW update (current optimizer
      state, no step taken) when only ℓ's backward GEMMs (dgrad+wgrad) run in f; also each
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 
 from megatron_snip.config import load_config
-from megatron_snip.precision.plan import GemmPrecision
+from megatron_snip.snip import truth
 from megatron_snip.snip.controller import draw_micro_batches
 from megatron_snip.snip.metrics import curvature, linear_divergences, propagation_gain
 from megatron_snip.snip.stats import ProbeConfig, StatsCollector, key_of
@@ -49,29 +50,6 @@ def spearman(a: list[float], b: list[float]) -> float:
     if ra.std() == 0 or rb.std() == 0:
         return float("nan")
     return float(np.corrcoef(ra, rb)[0, 1])
-
-
-def adam_update(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], grads: list[torch.Tensor]) -> torch.Tensor:
-    """The AdamW direction m̂'/(√v̂'+eps) this gradient would produce (no weight decay, no step), flattened."""
-    out = []
-    for p, g in zip(params, grads):
-        group = next(gr for gr in optimizer.param_groups if any(q is p for q in gr["params"]))
-        b1, b2 = group["betas"]
-        eps = group["eps"]
-        st = optimizer.state.get(p) or {}
-        t = float(st["step"]) + 1 if "step" in st else 1.0
-        m = b1 * st["exp_avg"] + (1 - b1) * g if "exp_avg" in st else (1 - b1) * g
-        v = b2 * st["exp_avg_sq"] + (1 - b2) * g * g if "exp_avg_sq" in st else (1 - b2) * g * g
-        out.append(((m / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt() + eps)).flatten())
-    return torch.cat(out)
-
-
-def gradients(trainer: Trainer, tokens: torch.Tensor) -> list[torch.Tensor]:
-    trainer.optimizer.zero_grad(set_to_none=True)
-    trainer.forward_backward([tokens])
-    grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in trainer.model.parameters()]
-    trainer.optimizer.zero_grad(set_to_none=True)
-    return grads
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,27 +140,21 @@ def trained_trainer(config: str, overrides: list[str], steps: int, run_dir: str)
 
 
 def ground_truth(trainer: Trainer, formats: tuple[str, ...], truth_batches: int) -> list[dict]:
-    """Measured effects on the first ``truth_batches`` held-out micro-batches, one row per
-    (linear, format): dL_true (fprop in f), dW_true (dgrad+wgrad in f), dW_true_wgrad, dW_true_dgrad
-    (means over the batches), and each batch's value under ``"per_batch"``."""
+    """Measured effects on the first ``truth_batches`` held-out micro-batches (``snip/truth.py``),
+    one row per (linear, format): dL_true (fprop in f), dW_true (dgrad+wgrad in f), dW_true_wgrad,
+    dW_true_dgrad (means over the batches), and each batch's value under ``"per_batch"``."""
     held = held_out_batches(trainer, truth_batches)
-    params = list(trainer.model.parameters())
-    base_updates = [adam_update(trainer.optimizer, params, gradients(trainer, x)) for x in held]
-    loss_change = loss_truth(trainer, formats, held)
+    loss_change = truth.loss_changes(trainer, formats, held)
+    update_change = truth.update_changes(trainer, formats, held, gemms=("both", "wgrad", "dgrad"))
     rows = []
     for lin in trainer.model.precision_linears():
+        key = key_of(lin)
         for f in formats:
-            row = {"linear": key_of(lin), "format": f}
-            per_batch = {"dL_true": loss_change[key_of(lin), f]}
-            for name, prec in (("dW_true", GemmPrecision(dgrad=f, wgrad=f)), ("dW_true_wgrad", GemmPrecision(wgrad=f)),
-                               ("dW_true_dgrad", GemmPrecision(dgrad=f))):
-                lin.set_precision(prec)
-                per_batch[name] = [float((adam_update(trainer.optimizer, params, gradients(trainer, x)) - u).norm() / u.norm())
-                                   for x, u in zip(held, base_updates)]
-            lin.set_precision(GemmPrecision())
-            row.update({name: float(np.mean(v)) for name, v in per_batch.items()})
-            row["per_batch"] = per_batch
-            rows.append(row)
+            per_batch = {"dL_true": loss_change[key, f], "dW_true": update_change[key, f, "both"],
+                         "dW_true_wgrad": update_change[key, f, "wgrad"],
+                         "dW_true_dgrad": update_change[key, f, "dgrad"]}
+            rows.append({"linear": key, "format": f, **{name: float(np.mean(v)) for name, v in per_batch.items()},
+                         "per_batch": per_batch})
     return rows
 
 
@@ -190,34 +162,6 @@ def held_out_batches(trainer: Trainer, count: int) -> list[torch.Tensor]:
     """The first ``count`` training-sized micro-batches of the held-out split (the truth's data)."""
     return draw_micro_batches(trainer.data.valid["valid"], 0, count, trainer.cfg.training.micro_batch_size,
                               trainer.device)
-
-
-def loss_truth(trainer: Trainer, formats: tuple[str, ...], batches: list[torch.Tensor], *,
-               mirrored: bool = False) -> dict[tuple[str, str], list[float]]:
-    """{(linear key, format): [loss with only that linear's fprop in the format − the reference loss,
-    per batch]}: the measured loss divergence, one forward per linear, format and batch.
-
-    ``mirrored``: the linear's output moved by −e_Y instead (Y − (Y_f − Y)). Half the sum of the
-    two is the even part of the loss change, ½·e_Yᵀ·H·e_Y + O(e⁴); half the difference the odd
-    part, <G, e_Y> + O(e³): the truth of each Taylor term on its own."""
-    def mirror(module, x):
-        y = module.local_gemm(x, GemmPrecision())
-        return 2 * y - module.local_gemm(x, module.precision)
-
-    with torch.no_grad():
-        base_loss = [float(trainer.forward_loss(x)) for x in batches]
-    out = {}
-    for lin in trainer.model.precision_linears():
-        for f in formats:
-            lin.set_precision(GemmPrecision(fprop=f))
-            lin.probe = mirror if mirrored else None
-            try:
-                with torch.no_grad():
-                    out[key_of(lin), f] = [float(trainer.forward_loss(x)) - b for x, b in zip(batches, base_loss)]
-            finally:
-                lin.probe = None
-                lin.set_precision(GemmPrecision())
-    return out
 
 
 def with_predictions(truth: list[dict], snapshot: dict) -> list[dict]:

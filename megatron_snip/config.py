@@ -165,6 +165,9 @@ class SnipConfig:
     # a systematic gain counts), "momentum" (signed, the weight error's part from AdamW's m̂). snip/metrics.py.
     loss_first_order: str = "abs"
     propagation_sequences: int = 1  # sequences of the first probe batch for the exact dgrad-propagation pass
+    # Policy "truth" only (the oracle of snip/truth.py): training micro-batches its measured divergences
+    # are averaged over, from the re-plan step's data on. Each costs ~64 passes per format on 8 blocks.
+    truth_batches: int = 8
     # The re-plan step's training step takes its gradient from the statistics' reference pass (BF16) for
     # those of its micro-batches that were probe batches, instead of running them again (docs/snip.md,
     # "Re-plan cost"). Off by default: the recorded comparisons ran without it (a step per re-plan in
@@ -207,7 +210,8 @@ class SnipConfig:
         if self.probe_micro_batch_size < 0:
             raise field_error("snip.probe_micro_batch_size", self.probe_micro_batch_size,
                        "must be >= 0 (sequences per probe micro-batch; 0 = training.micro_batch_size)")
-        check_positive("snip", self, "interval", "probe_batches", "noise_draws", "propagation_sequences", "solver_max_time")
+        check_positive("snip", self, "interval", "probe_batches", "noise_draws", "propagation_sequences", "truth_batches",
+                       "solver_max_time")
         if self.weight_divergence_weight < 0:
             raise field_error("snip.weight_divergence_weight", self.weight_divergence_weight, "must be >= 0")
         if not self.formats:

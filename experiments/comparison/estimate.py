@@ -9,12 +9,20 @@ from pathlib import Path
 
 from experiments.comparison.protocol import BASE_POLICY, Protocol, RunSpec
 from experiments.comparison.store import is_done
+from megatron_snip.config import SnipConfig, parse_override
 from megatron_snip.precision.formats import FP4_FORMATS
 
 
 def _evals(steps: int, p: Protocol) -> int:
     """Evaluation micro-batches of a run of ``steps`` steps (every eval_interval and at the end, per domain)."""
     return (steps // p.eval_interval + 1) * p.eval_batches * len(p.domains)
+
+
+def _truth_batches(p: Protocol) -> int:
+    """The runs' ``snip.truth_batches`` (the last --set of it, else the config default)."""
+    values = [value for section, key, value in map(parse_override, p.overrides)
+              if (section, key) == ("snip", "truth_batches")]
+    return int(values[-1]) if values else SnipConfig().truth_batches
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,9 @@ class CostModel:
     # 1-thread jobs): mean train seconds of the uniform runs over the BF16 runs', and the re-plan time.
     emulation: Mapping[str, float] = field(default_factory=lambda: {"bf16": 1.0, "fp8": 1.30, "nvfp4": 1.64, "mxfp4": 1.41})
     replan_steps: float = 32.0  # one statistics re-plan, in BF16 training steps (same measurement)
+    # A re-plan of the truth oracle per measured micro-batch (snip.truth_batches), in BF16 steps: 104 s for
+    # 2 batches against a 0.27 s step, 1.66M model (8 blocks, 2 formats), one thread (ablation protocol).
+    truth_replan_steps_per_batch: float = 190.0
     eval_step_fraction: float = 0.33  # one eval micro-batch forward, in training steps
 
     def run_s(self, spec: RunSpec, p: Protocol) -> float:
@@ -48,9 +59,10 @@ class CostModel:
             shares = {fp4: spec.rho, high: 1.0 - spec.rho}
         factor = sum(w * self.emulation.get(f, 2.0) for f, w in shares.items())
         train = p.warmup * self.step_s + (p.steps - p.warmup) * self.step_s * factor
-        replans = len(range(p.warmup, p.steps, p.interval)) if spec.policy in ("snip", "min_rel_err") else 0
+        replans = len(range(p.warmup, p.steps, p.interval)) if spec.policy in ("snip", "min_rel_err", "truth") else 0
+        replan_steps = self.truth_replan_steps_per_batch * _truth_batches(p) if spec.policy == "truth" else self.replan_steps
         evals = _evals(p.steps, p)
-        return self.startup_s + train + replans * self.replan_steps * self.step_s \
+        return self.startup_s + train + replans * replan_steps * self.step_s \
             + evals * self.eval_step_fraction * self.step_s * factor
 
     @classmethod

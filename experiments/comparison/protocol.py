@@ -22,7 +22,11 @@ from megatron_snip.snip.policies import parse_policy
 REPO = Path(__file__).resolve().parents[2]  # the runs start here, so relative paths mean the same in every run
 
 FORMAT_FREE_POLICIES = ("bf16", "uniform:fp8", "uniform:nvfp4", "uniform:mxfp4")
-FORMAT_POLICIES = ("bf16_ends", "layer_type", "min_rel_err", "random", "snip")
+FORMAT_POLICIES = ("bf16_ends", "layer_type", "min_rel_err", "random", "snip", "truth")
+# Run only when --policies names them: the truth policy's re-plan measures every linear's divergences
+# by brute force (megatron_snip/snip/truth.py), hundreds of passes, for ablations.
+ORACLE_POLICIES = ("truth",)
+DEFAULT_POLICIES = FORMAT_FREE_POLICIES + tuple(p for p in FORMAT_POLICIES if p not in ORACLE_POLICIES)
 STATIC_BASELINES = ("bf16_ends", "layer_type", "random")  # candidates for the sweep's "best static baseline"
 DEFAULT_FORMAT_SETS = (("fp8", "nvfp4"), ("fp8", "mxfp4"))
 TRAIN_DOMAIN = "val_loss"
@@ -74,7 +78,7 @@ class Protocol:
     base_steps: int = 0
     sweep_rhos: tuple[float, ...] = (0.5, 0.75, 0.9)
     sweep_format_sets: tuple[tuple[str, ...], ...] = (("fp8", "mxfp4"),)
-    policies: tuple[str, ...] = FORMAT_FREE_POLICIES + FORMAT_POLICIES
+    policies: tuple[str, ...] = DEFAULT_POLICIES
     train_corpus: str = "bundled:sotu"
     valid_corpora: tuple[str, ...] = ("bundled:moby_dick",)
     eval_interval: int = 100

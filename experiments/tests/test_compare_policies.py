@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import re
 import statistics
@@ -15,6 +16,7 @@ import pytest
 from experiments import compare_policies as cli
 from experiments.comparison import aggregate, protocol, runner, store
 from experiments.comparison import report as report_writer
+from experiments.comparison.estimate import CostModel
 from experiments.comparison.protocol import REPO
 from megatron_snip.config import load_config
 
@@ -42,7 +44,10 @@ def test_primary_runs_dedup_format_free_policies():
         mine = [r for r in runs if r.policy == pol]
         assert sorted(r.seed for r in mine) == [1, 2, 3]  # once per seed, not once per format set
         assert all(r.formats is None and r.rho is None for r in mine)
+    assert not [r for r in runs if r.policy in protocol.ORACLE_POLICIES]  # only when --policies names them
     for pol in protocol.FORMAT_POLICIES:
+        if pol in protocol.ORACLE_POLICIES:
+            continue
         mine = [r for r in runs if r.policy == pol]
         assert sorted((r.formats, r.seed) for r in mine) == sorted((fs, s) for fs in (NV, MX) for s in (1, 2, 3))
         assert all(r.rho == 0.75 for r in mine)
@@ -519,3 +524,16 @@ def test_end_to_end_bf16_and_snip(tmp_path, capsys):
     assert cli.main(argv) == 0  # a rerun trains nothing
     assert "skipping 2 finished run(s)" in capsys.readouterr().out
     assert len(store.read_results(out / "results.jsonl")) == 2
+
+
+def test_the_dry_list_prices_a_truth_replan_by_its_measured_batches():
+    """The truth oracle's re-plan costs ~190 BF16 steps per measured micro-batch, so its estimate
+    grows with snip.truth_batches and dwarfs SNIP's."""
+    def truth_s(batches):
+        p = dataclasses.replace(small_protocol(), overrides=small_protocol().overrides + (f"snip.truth_batches={batches}",))
+        return CostModel(step_s=1.0).run_s(protocol.RunSpec(1, "truth", NV, 0.75), p), p
+
+    (two, p), (eight, _) = truth_s(2), truth_s(8)
+    replans = len(range(p.warmup, p.steps, p.interval))
+    assert eight - two == pytest.approx(replans * 6 * 190.0)
+    assert two > CostModel(step_s=1.0).run_s(protocol.RunSpec(1, "snip", NV, 0.75), p)

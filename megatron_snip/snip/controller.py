@@ -7,7 +7,8 @@ A training-loop callback on a ``SnipHost`` (``snip/host.py``). At step ``snip.wa
     (snip/policies.py) -> host.apply_plan(plan) -> host.record_replan(Replan)
 
 Baseline policies go through the same path (static ones skip the statistics; which passes a
-policy needs is its ``Policy.statistics`` in the registry). ``replan`` returns the outcome as a
+policy needs is its ``Policy.statistics`` in the registry; the ``truth`` oracle measures its
+divergences instead, ``snip/truth.py``). ``replan`` returns the outcome as a
 ``Replan`` value and the host records it in one place (the plan JSON
 ``<run_dir>/plans/step_<N>.json``, its statistics snapshot ``step_<N>_stats.json``, the precision
 map ``step_<N>.png``, the metrics line, W&B and the checkpointed state). A failed or timed-out
@@ -27,7 +28,7 @@ from megatron_snip.config import Config
 from megatron_snip.model.shapes import linear_numel, model_linear_shapes
 from megatron_snip.parallel import comm
 from megatron_snip.precision.plan import GemmId, PrecisionPlan
-from megatron_snip.snip import ilp
+from megatron_snip.snip import ilp, truth
 from megatron_snip.snip.gather import reduce_snapshot
 from megatron_snip.snip.host import Replan, SnipHost, TokenSource
 from megatron_snip.snip.metrics import predicted_divergence
@@ -80,6 +81,8 @@ class SnipController:
                                                    propagation_sequences=s.propagation_sequences, seed=s.seed,
                                                    curvature_noise=s.curvature_noise, loss_first_order=s.loss_first_order,
                                                    compiled_quantizers=cfg.precision.compile_quantizers))
+        if self.spec.policy.statistics == "truth":
+            truth.check_single_process(host.topo.world_size, f"snip.policy={s.policy!r}")
         self.replans = host.extra_state.get("snip", {}).get("replans", 0)  # restored by a resume
 
     # --- callback API -----------------------------------------------------------------
@@ -102,6 +105,13 @@ class SnipController:
         start = step * self.cfg.training.global_batch_size + host.topo.dp_rank * n * size
         return draw_micro_batches(host.train_data, start, n, size, host.device)
 
+    def truth_batches(self, host: SnipHost, step: int) -> list[torch.Tensor]:
+        """The ``truth`` policy's data: ``snip.truth_batches`` probe-sized micro-batches from this
+        step's data on (one process: see ``truth.check_single_process``)."""
+        start = step * self.cfg.training.global_batch_size
+        return draw_micro_batches(host.train_data, start, self.cfg.snip.truth_batches,
+                                  self.cfg.probe_micro_batch_size(), host.device)
+
     def replan(self, host: SnipHost, step: int) -> Replan:
         """Collect (every rank) -> reduce -> metrics + solve (global rank 0) -> broadcast -> apply
         (every rank, same step). Returns the outcome (the same plan on every rank); records nothing."""
@@ -112,7 +122,11 @@ class SnipController:
         host.logger.info(f"re-plan at step {step}: starting (policy {self.policy}, re-plan {self.replans + 1})")
         snapshot = None
         reused = 0
-        if statistics is not None:
+        if statistics == "truth":
+            snapshot = truth.measure(host, self.truth_batches(host, step), self.context.candidates, step)
+            timings.update(snapshot["timings"])
+            timings["stats_s"] = time.perf_counter() - t0
+        elif statistics is not None:
             probes = self.probe_batches(host, step)
             if self.cfg.snip.reuse_step:
                 reused = reusable_micro_batches(probes, host.micro_batches(step))

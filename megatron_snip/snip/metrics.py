@@ -24,6 +24,9 @@ candidate format, so both are fractions of comparable size, and the cost of a GE
 
 A signed ΔL can be negative; the ILP takes costs >= 0 and picks one format per GEMM, so each
 fprop's costs are shifted by their minimum over formats (which leaves the optimum unchanged).
+
+``truth_costs`` puts measured divergences (``snip/truth.py``) into the same structure: the oracle
+SNIP's estimates are judged against.
 """
 
 from __future__ import annotations
@@ -104,7 +107,27 @@ def snip_costs(snapshot: Mapping[str, Any], weight_divergence_weight: float = 1.
         raise ValueError(f"the statistics snapshot of step {snapshot.get('step')} was collected without the noise "
                          f"passes (as for policy min_rel_err), so it has no curvature or propagation gains; SNIP's "
                          f"divergences need them: use a snapshot from a run with snip.policy=snip")
-    div = linear_divergences(snapshot)
+    return divergence_costs(linear_divergences(snapshot), weight_divergence_weight)
+
+
+def truth_costs(snapshot: Mapping[str, Any], weight_divergence_weight: float = 1.0) -> dict[GemmId, dict[str, float]]:
+    """The ``truth`` policy's costs: SNIP's cost structure with the *measured* divergences of a
+    ``snip.truth.measure`` snapshot (per-batch means) in place of the estimates: fprop ΔL (signed, the
+    whole loss change, so no separate curvature term), dgrad and wgrad ΔW of that GEMM alone."""
+    if snapshot.get("kind") != "truth":
+        raise ValueError(f"the snapshot of step {snapshot.get('step')} holds SNIP's statistics, not measured "
+                         f"divergences; the truth policy's costs need a snip.truth.measure snapshot")
+    n = snapshot["num_batches"]
+    div = {key: {f: LinearDivergence(loss_first_order=m["dl"] / n, loss_second_order=0.0,
+                                     weight_wgrad=m["dw_wgrad"] / n, weight_dgrad=m["dw_dgrad"] / n)
+                 for f, m in per_f.items()}
+           for key, per_f in snapshot["linears"].items()}
+    return divergence_costs(div, weight_divergence_weight)
+
+
+def divergence_costs(div: Mapping[str, Mapping[str, LinearDivergence]],
+                     weight_divergence_weight: float) -> dict[GemmId, dict[str, float]]:
+    """Per-GEMM costs from per-linear divergences (module docstring: normalization and shift)."""
     loss = {k: {f: d.loss for f, d in v.items()} for k, v in div.items()}
     weight = {k: {f: d.weight for f, d in v.items()} for k, v in div.items()}
     zl, zw = _normalizer(loss), _normalizer(weight)

@@ -37,6 +37,10 @@ rho, like the ILP policies, and a comparison runs every policy at the same share
 ``min_rel_err``     the SNIP ILP with cost = measured relative quantization error of each
                     GEMM's output (the paper's local-error baseline); needs ``costs``
 ``snip``            the SNIP ILP with the SNIP costs passed in; needs ``costs``
+``truth``           the SNIP ILP with *measured* divergences as costs (``snip/truth.py``:
+                    every linear's loss and update change in every format, by brute force
+                    on ``snip.truth_batches`` training micro-batches): the plan SNIP's
+                    metric would choose if it were exact. A research oracle, one process only
 ==================  =====================================================================
 
 The *high-precision candidate* is the non-FP4 format among ``ctx.candidates`` (if several,
@@ -64,7 +68,7 @@ from megatron_snip.precision.formats import FORMATS, FP4_FORMATS
 from megatron_snip.precision.plan import LINEARS, GemmId, PrecisionPlan, all_gemm_ids
 from megatron_snip.snip import ilp
 from megatron_snip.snip.context import PlanContext
-from megatron_snip.snip.metrics import relative_error_costs, snip_costs
+from megatron_snip.snip.metrics import relative_error_costs, snip_costs, truth_costs
 from megatron_snip.snip.rules import (
     DEFAULT_PROTECTED,
     Targets,
@@ -77,7 +81,7 @@ from megatron_snip.snip.rules import (
 _EXEMPT = "exempt from fp4_target (a reference, not an efficiency policy)"
 
 Costs = Mapping[GemmId, Mapping[str, float]]
-Statistics = Literal["errors", "all"]
+Statistics = Literal["errors", "all", "truth"]
 
 
 class SolveTimeoutError(RuntimeError):
@@ -111,7 +115,8 @@ class Policy:
         make: (spec, context, costs, previous plan) -> ``PrecisionPlan`` (see ``make_plan``).
         statistics: which probe passes its costs need: None (a static policy, no statistics),
             ``"errors"`` (pass 1 only: measured GEMM errors) or ``"all"`` (also the noise passes:
-            curvature and propagation gains). See ``snip/stats.py``.
+            curvature and propagation gains). See ``snip/stats.py``. ``"truth"``: the measured
+            divergences of ``snip/truth.py`` instead.
         costs: (whole-model snapshot, weight_divergence_weight) -> the costs it minimizes
             (``snip/metrics.py``); None for a static policy.
     """
@@ -143,14 +148,14 @@ def parse_policy(spec: str) -> PolicySpec:
 
 
 def needs_costs(spec: str) -> bool:
-    """True for the ILP policies (``snip``, ``min_rel_err``) that need a costs mapping."""
+    """True for the ILP policies (``snip``, ``min_rel_err``, ``truth``) that need a costs mapping."""
     return parse_policy(spec).policy.needs_costs
 
 
 def policy_costs(spec: str, snapshot: Mapping[str, Any],
                  weight_divergence_weight: float = 1.0) -> dict[GemmId, dict[str, float]]:
     """The costs an ILP policy minimizes, from a whole-model statistics snapshot: SNIP's divergences
-    for ``"snip"``, the relative GEMM errors for ``"min_rel_err"`` (the controller and the offline
+    for ``"snip"``, the relative GEMM errors for ``"min_rel_err"``, measured divergences for ``"truth"`` (the controller and the offline
     planner both use this). ValueError for a policy that takes no costs."""
     policy = parse_policy(spec).policy
     if policy.costs is None:
@@ -368,6 +373,7 @@ POLICIES: Mapping[str, Policy] = MappingProxyType({p.name: p for p in (
     Policy("min_rel_err", ("min_rel_err",), _parse_plain, _ilp_plan, statistics="errors",
            costs=lambda snapshot, weight_divergence_weight: relative_error_costs(snapshot)),
     Policy("snip", ("snip",), _parse_plain, _ilp_plan, statistics="all", costs=snip_costs),
+    Policy("truth", ("truth",), _parse_plain, _ilp_plan, statistics="truth", costs=truth_costs),
 )})
 POLICY_FORMS: tuple[str, ...] = tuple(form for p in POLICIES.values() for form in p.forms)
 

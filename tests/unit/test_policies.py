@@ -219,13 +219,14 @@ def test_context_validation():
 
 def test_registry_says_which_statistics_each_policy_needs():
     """The controller runs the passes a policy's registry entry names: SNIP's costs need the noise
-    passes (curvature, propagation), the local-error baseline only pass 1, the rest nothing."""
+    passes (curvature, propagation), the local-error baseline only pass 1, the truth oracle its own
+    measurements, the rest nothing."""
     assert {name: p.statistics for name, p in POLICIES.items()} == {
         "bf16": None, "uniform": None, "bf16_ends": None, "layer_type": None, "random": None,
-        "min_rel_err": "errors", "snip": "all"}
+        "min_rel_err": "errors", "snip": "all", "truth": "truth"}
     assert all(parse_policy(form.split(":<")[0] if ":<" in form else form).name == name
                for name, p in POLICIES.items() for form in p.forms if form != "uniform:<format>")
-    assert POLICY_FORMS[0] == "bf16" and POLICY_FORMS[-1] == "snip"
+    assert POLICY_FORMS[0] == "bf16" and POLICY_FORMS[-2:] == ("snip", "truth")
 
 
 def test_plan_context_for_run_takes_config_and_stages():
