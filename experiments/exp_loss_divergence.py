@@ -34,10 +34,10 @@ import numpy as np
 
 from experiments import validate_metrics as vm
 from experiments.comparison.protocol import DEFAULT_SETS
-from megatron_snip.snip.truth import loss_changes
 from megatron_snip.snip.controller import draw_micro_batches
 from megatron_snip.snip.metrics import curvature
 from megatron_snip.snip.stats import ProbeConfig, StatsCollector
+from megatron_snip.snip.truth import loss_changes
 
 # Loss-divergence formulas from one linear's sums in one format (n probe micro-batches). "abs": the
 # mean per-batch |<G_b, e_b>| (today's first-order term); "mean": |mean_b <G_b, e_b>| (the systematic

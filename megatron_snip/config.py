@@ -166,7 +166,7 @@ class SnipConfig:
     loss_first_order: str = "abs"
     propagation_sequences: int = 1  # sequences of the first probe batch for the exact dgrad-propagation pass
     # Policy "truth" only (the oracle of snip/truth.py): training micro-batches its measured divergences
-    # are averaged over, from the re-plan step's data on. Each costs ~64 passes per format on 8 blocks.
+    # are averaged over, from the re-plan step's data on. Each costs 3 passes per linear and format.
     truth_batches: int = 8
     # The re-plan step's training step takes its gradient from the statistics' reference pass (BF16) for
     # those of its micro-batches that were probe batches, instead of running them again (docs/snip.md,
