@@ -10,7 +10,8 @@ run directory per seed under --run-root, resumed when present), with candidates 
    fprop in f minus the reference loss, averaged over --truth-batches held-out micro-batches; its
    split-half reliability says how well any estimate can be expected to rank against it.
 2. The probe truth: the same measured on the probe micro-batches of window 0 (training data): the
-   best any estimate from those batches could do, short of seeing the held-out data.
+   best any estimate from those batches could do, short of seeing the held-out data; with
+   --probe-truth-batches, on the first N of them for each N (how many probe batches it would take).
 3. For every probe setting (P micro-batches, D noise draws, the curvature noise's direction) on
    --windows disjoint windows of training data after the checkpoint, a statistics snapshot
    (``StatsCollector.collect``, as a re-plan runs it) and from it several loss-divergence formulas
@@ -116,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="formats the estimates are scored in (the FP4 one decides the plan; fp8_block's ΔL is ~0)")
     ap.add_argument("--truth-batches", type=int, default=16)
     ap.add_argument("--windows", type=int, default=3)
+    ap.add_argument("--probe-truth-batches", default="2",
+                    help="comma-separated counts N: the loss change measured exactly on window 0's first N probe "
+                         "batches, scored against the truth, per N (the ranking any estimate from N probe batches "
+                         "is held to: what more probe data could buy)")
     ap.add_argument("--settings", default=",".join(f"{p}x{d}x{kind}" for p, d, kind in SETTINGS),
                     help="probe settings PxDxNOISE (micro-batches, draws, gaussian|error), comma-separated")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
@@ -131,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     formats = tuple(args.formats.split(","))
     scored = tuple(args.truth_formats.split(","))
     settings = [(int(p), int(d), kind) for p, d, kind in (s.split("x") for s in args.settings.split(","))]
+    counts = sorted({int(n) for n in args.probe_truth_batches.split(",")})
 
     overrides = [*DEFAULT_SETS, f"training.seed={args.seed}", f"snip.seed={args.seed}",
                  'training.lr_schedule="constant"', *args.overrides]
@@ -169,15 +175,25 @@ def main(argv: list[str] | None = None) -> int:
         return draw_micro_batches(trainer.data.train, first + window * stride, count, t.micro_batch_size,
                                   trainer.device)
 
-    # The probe truth: measured on window 0's first probe batches (2, today's default probe).
-    if same and "probe_truth_per_batch" in cached:
-        probe_per_batch = {tuple(k.split(":")): v for k, v in cached["probe_truth_per_batch"].items()}
-    else:
-        probe_per_batch = loss_changes(trainer, scored, probe(0, 2))
-    probe_truth = {k: float(np.mean(v)) for k, v in probe_per_batch.items()}
+    # The probe truth: measured on window 0's first probe batches (2, today's default probe, in the
+    # results; each of --probe-truth-batches in the curve). A measurement of more batches extends a cached one.
+    need = max(counts + [2])
+    probe_per_batch = ({tuple(k.split(":")): v for k, v in cached["probe_truth_per_batch"].items()}
+                       if same and "probe_truth_per_batch" in cached else {})
+    have = min((len(v) for v in probe_per_batch.values()), default=0)
+    if have < need:
+        more = loss_changes(trainer, scored, probe(0, need)[have:])
+        probe_per_batch = {k: probe_per_batch.get(k, [])[:have] + v for k, v in more.items()}
+
+    def probe_truth_of(n: int) -> dict:
+        return {k: float(np.mean(v[:n])) for k, v in probe_per_batch.items()}
+
+    probe_truth = probe_truth_of(2)
+    probe_truth_curve = {n: scores(probe_truth_of(n), truth, scored) for n in counts}
     results = [{"setting": "probe truth (measured on the probe batches)",
                 "spearman": scores(probe_truth, truth, scored)}]
-    print(f"probe truth: {results[0]['spearman']}", flush=True)
+    print(f"probe truth: {results[0]['spearman']}; on N probe batches: "
+          f"{ {n: round(c['all'], 2) for n, c in probe_truth_curve.items()} }", flush=True)
     for p, d, kind in settings:
         collector = StatsCollector(ProbeConfig(formats=formats, noise_draws=d, seed=args.seed, curvature_noise=kind,
                                                compiled_quantizers=trainer.cfg.precision.compile_quantizers))
@@ -219,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         "truth_even": {f"{k[0]}:{k[1]}": v for k, v in truth_even.items()},
         "truth_odd": {f"{k[0]}:{k[1]}": v for k, v in truth_odd.items()},
         "probe_truth_per_batch": {f"{k[0]}:{k[1]}": v for k, v in probe_per_batch.items()},
-        "probe_truth": {f"{k[0]}:{k[1]}": v for k, v in probe_truth.items()}, "results": results}, indent=1))
+        "probe_truth": {f"{k[0]}:{k[1]}": v for k, v in probe_truth.items()},
+        "probe_truth_curve": {str(n): c for n, c in probe_truth_curve.items()}, "results": results}, indent=1))
     print(f"wrote {out}")
     trainer.logger.close()
     return 0

@@ -82,6 +82,13 @@ def test_loss_divergence_experiment_splits_the_truth(small_overrides, tmp_path):
     assert row["setting"] == "1x1xerror" and set(row["spearman_vs_even"]) == set(ld.FORMULAS)
     assert ld.main(argv) == 0  # the truth of the same checkpoint is read back, not re-measured
     assert json.loads(out.read_text())["truth_per_batch"] == first["truth_per_batch"]
+    # More probe-truth batches extend the measured ones (the first two are read back, one more measured).
+    assert ld.main(argv + ["--probe-truth-batches", "1,3"]) == 0
+    longer = json.loads(out.read_text())
+    assert set(longer["probe_truth_curve"]) == {"1", "3"}
+    for k, v in longer["probe_truth_per_batch"].items():
+        assert len(v) == 3 and v[:2] == first["probe_truth_per_batch"][k]
+    assert longer["results"][0] == first["results"][0]  # the 2-batch probe truth is unchanged
     assert "| 21 | 1x1xerror |" in ld.summarize([str(out)])
     with pytest.raises(SystemExit, match="reported seeds"):
         ld.main(["--seed", "3", "--out", str(out)])
