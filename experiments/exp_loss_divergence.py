@@ -97,7 +97,10 @@ def summarize(paths: list[str]) -> str:
         rel = d["truth_reliability_split_half"]["all"]
         notes.append(f"seed {d['seed']}: truth split-half ρ {rel:.2f} (Spearman-Brown {2 * rel / (1 + rel):.2f} for all "
                      f"{d['truth_batches']} batches); the probe truth (ΔL measured on the first 2 probe batches) "
-                     f"against it: {d['results'][0]['spearman']['all']:.2f}")
+                     f"against it: {d['results'][0]['spearman']['all']:.2f}"
+                     + ("; measured on N probe batches: " + ", ".join(f"{n}: {c['all']:.2f}" for n, c in
+                                                                      d["probe_truth_curve"].items())
+                        if "probe_truth_curve" in d else ""))
         for r in d["results"][1:]:
             cells = [f"{r['spearman'][n]['all']:.2f} / {r['spearman_vs_even'][n]:.2f} / {r['spearman_vs_odd'][n]:.2f}"
                      for n in SUMMARY_FORMULAS]

@@ -89,6 +89,7 @@ def test_loss_divergence_experiment_splits_the_truth(small_overrides, tmp_path):
     for k, v in longer["probe_truth_per_batch"].items():
         assert len(v) == 3 and v[:2] == first["probe_truth_per_batch"][k]
     assert longer["results"][0] == first["results"][0]  # the 2-batch probe truth is unchanged
+    assert "measured on N probe batches: 1: " in ld.summarize([str(out)])
     assert "| 21 | 1x1xerror |" in ld.summarize([str(out)])
     with pytest.raises(SystemExit, match="reported seeds"):
         ld.main(["--seed", "3", "--out", str(out)])
