@@ -8,6 +8,8 @@ structure (a first linear's dgrad reaches no parameter: exactly 0).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -152,3 +154,39 @@ def test_the_truth_policy_needs_one_process():
     truth.check_single_process(1, "snip.policy='truth'")
     with pytest.raises(ValueError, match=r"snip.policy='truth'.*world of 2 ranks.*parallel.tp = parallel.pp = 1"):
         truth.check_single_process(2, "snip.policy='truth'")
+
+
+def _run(small_overrides, tmp_path, policy):
+    """A 2-step run of ``policy`` re-planning at step 1 (both policies see the same weights there)."""
+    from megatron_snip.training.run import run_training
+
+    overrides = [o for o in small_overrides if not o.startswith("training.run_dir")] + [
+        f"training.run_dir={tmp_path / policy}", "snip.enabled=true", f"snip.policy={policy}", "snip.truth_batches=1",
+        "snip.formats=['fp8', 'nvfp4']", "snip.fp4_target=0.5", "snip.warmup=1", "snip.interval=100",
+        "snip.probe_batches=1", "snip.noise_draws=1", "training.max_steps=2", "training.eval_interval=100"]
+    run_training(load_config("launch/configs/tiny.toml", overrides))
+    return tmp_path / policy
+
+
+def test_plan_regret_scores_plans_with_the_measured_divergences(small_overrides, tmp_path):
+    """experiments/plan_regret.py rebuilds the costs the truth run planned with (its plan's recorded
+    objective is checked against them), SNIP's plan and the random plans at the same target have
+    regret >= 0 against that optimum, and a run of another policy is refused as the truth."""
+    from experiments import plan_regret
+
+    truth_dir, snip_dir = _run(small_overrides, tmp_path, "truth"), _run(small_overrides, tmp_path, "snip")
+    table = plan_regret.regret_table(truth_dir, {"snip": snip_dir}, step=1, randoms=20)
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in table.splitlines()
+            if line.startswith("| ") and not line.startswith("| plan")}
+    assert rows["truth-optimal"][2] == "+0.0000" and rows["truth-optimal"][3] == "1.00"
+    assert float(rows["snip"][2]) >= -1e-6 and float(rows["random (mean of 20)"][2]) >= -1e-6
+    stats = truth_dir / "plans" / "step_000001_stats.json"
+    snap = json.loads(stats.read_text())
+    for per_format in snap["linears"].values():  # FP8's wgrad changes measured as 0: not what the plan was solved with
+        per_format["fp8"]["dw_wgrad"] = 0.0
+    stats.write_text(json.dumps(snap))
+    with pytest.raises(ValueError, match="do not belong together"):
+        plan_regret.regret_table(truth_dir, {}, step=1, randoms=0)
+    with pytest.raises(ValueError, match="must be a run of policy truth"):
+        plan_regret.regret_table(snip_dir, {}, step=1, randoms=0)
+    assert plan_regret.main(["--truth", str(truth_dir), "--plan", "snip"]) == 2
