@@ -142,7 +142,8 @@ class SnipConfig:
     """Adaptive precision: when and how to re-plan (see docs/snip.md)."""
 
     enabled: bool = False
-    policy: str = "snip"  # "snip" or a baseline: uniform:<f>, bf16_ends:<a>,<b>, layer_type, min_rel_err, random
+    # "snip", a baseline (uniform:<f>, bf16_ends:<a>,<b>, layer_type, min_rel_err, random) or the "truth" oracle
+    policy: str = "snip"
     fp4_target: float = 0.75  # minimum share of linear-layer FLOPs in an FP4 format
     formats: tuple[str, ...] = ("fp8", "nvfp4")  # candidate formats per decision unit
     granularity: str = "layer"  # "layer": one format per linear (3 GEMMs tied); "gemm": per GEMM

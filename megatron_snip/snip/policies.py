@@ -155,8 +155,9 @@ def needs_costs(spec: str) -> bool:
 def policy_costs(spec: str, snapshot: Mapping[str, Any],
                  weight_divergence_weight: float = 1.0) -> dict[GemmId, dict[str, float]]:
     """The costs an ILP policy minimizes, from a whole-model statistics snapshot: SNIP's divergences
-    for ``"snip"``, the relative GEMM errors for ``"min_rel_err"``, measured divergences for ``"truth"`` (the controller and the offline
-    planner both use this). ValueError for a policy that takes no costs."""
+    for ``"snip"``, the relative GEMM errors for ``"min_rel_err"``, the measured divergences for
+    ``"truth"`` (the controller and the offline planner both use this). ValueError for a policy that
+    takes no costs."""
     policy = parse_policy(spec).policy
     if policy.costs is None:
         takers = " and ".join(repr(p.name) for p in POLICIES.values() if p.costs is not None)
