@@ -88,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def solve(args: argparse.Namespace, path: Path, snapshot: Mapping[str, Any]) -> int:
     """Plan, precision map and Pareto sweep into ``args.out``; ValueError for bad input or targets."""
+    if snapshot.get("kind") == "truth":
+        raise ValueError(f"--stats {str(path)!r} holds the measured divergences of a run of policy truth, not "
+                         f"SNIP statistics; this planner re-solves the snapshots of snip and min_rel_err runs "
+                         f"(experiments/plan_regret.py scores plans with a truth snapshot)")
     formats = tuple(args.formats.split(",")) if args.formats else tuple(snapshot["formats"])
     linears = snapshot["linears"].values()
     num_layers = 1 + max(s["layer"] for s in linears)

@@ -103,6 +103,9 @@ def _normalizer(values: dict[str, dict[str, float]]) -> float:
 
 def snip_costs(snapshot: Mapping[str, Any], weight_divergence_weight: float = 1.0) -> dict[GemmId, dict[str, float]]:
     """Normalized cost of each GEMM in each format, for the ILP."""
+    if snapshot.get("kind") == "truth":
+        raise ValueError(f"the snapshot of step {snapshot.get('step')} holds measured divergences (a run of policy "
+                         f"truth), not SNIP's statistics; its costs are snip.metrics.truth_costs (policy truth)")
     if not snapshot.get("noise_passes", True):
         raise ValueError(f"the statistics snapshot of step {snapshot.get('step')} was collected without the noise "
                          f"passes (as for policy min_rel_err), so it has no curvature or propagation gains; SNIP's "

@@ -185,3 +185,15 @@ def test_offline_bad_flags_are_named(tmp_path, fp4_share_snapshot, solve_plan, c
     assert err.startswith("error: ") and len(err.splitlines()) == 1
     assert re.search(message, err), err
     assert not (tmp_path / "o").exists()  # nothing written
+
+
+def test_a_truth_snapshot_is_refused_by_name(tmp_path, solve_plan, capsys):
+    """The truth policy's snapshot (measured divergences, no shapes or per-format sums) is not a
+    statistics snapshot: one line naming the file and what to use instead, nothing written."""
+    stats = tmp_path / "step_000020_stats.json"
+    stats.write_text(json.dumps({"kind": "truth", "step": 20, "formats": ["fp8", "nvfp4"], "num_batches": 1,
+                                 "linears": {"0.qkv": {"fp8": {"dl": 0.0, "dw_dgrad": 0.0, "dw_wgrad": 0.0}}}}))
+    assert solve_plan.main(["--stats", str(stats), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "measured divergences of a run of policy truth" in err and str(stats) in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "o").exists()

@@ -109,7 +109,7 @@ def _truth_snapshot(dl, dw=0.01):
 
 def test_truth_costs_shift_a_measured_gain_and_refuse_snip_statistics():
     """A format whose measured fprop lowers the loss costs 0 there (the per-fprop shift keeps costs
-    >= 0 and their differences); SNIP's own statistics are refused by name."""
+    >= 0 and their differences); SNIP's statistics are refused as truth, and a truth snapshot as SNIP's, by name."""
     costs = truth_costs(_truth_snapshot({"1.fc2": {"fp8": 0.002, "nvfp4": -0.004}}))
     fprop = costs[GemmId(1, "fc2", "fprop")]
     assert fprop["nvfp4"] == 0.0 and fprop["fp8"] > 0
@@ -120,6 +120,8 @@ def test_truth_costs_shift_a_measured_gain_and_refuse_snip_statistics():
     assert policy_costs("truth", _truth_snapshot({"1.fc2": {"fp8": 0.002, "nvfp4": -0.004}})) == costs
     with pytest.raises(ValueError, match="truth policy's costs need a snip.truth.measure snapshot"):
         truth_costs({"step": 3, "linears": {}})
+    with pytest.raises(ValueError, match=r"measured divergences \(a run of policy truth\)"):
+        policy_costs("snip", _truth_snapshot({}))
 
 
 def test_the_truth_policy_protects_what_the_measurement_says_hurts():
