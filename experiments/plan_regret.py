@@ -21,6 +21,7 @@ table; nothing is trained.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -54,13 +55,14 @@ def regret_table(truth_dir: Path, plans: dict[str, Path], step: int, randoms: in
                          f"computed differently than when the run was made")
     ctx = PlanContext.for_run(cfg.snip, cfg.model.num_layers, linear_numel(model_linear_shapes(cfg.model)),
                               cfg.parallel.pp, step=step)
-    chance = [predicted_divergence(costs, make_plan("random", PlanContext(**{**ctx.__dict__, "seed": s})).as_dict())
+    chance = [predicted_divergence(costs, make_plan("random", dataclasses.replace(ctx, seed=s)).as_dict())
               for s in range(randoms)]
+    best_formats = optimum.as_dict()
     mean = statistics.fmean(chance) if chance else float("nan")
 
     def row(name: str, plan: PrecisionPlan) -> str:
         value = predicted_divergence(costs, plan.as_dict())
-        differ = len({(g.layer, g.linear) for g, f in plan.as_dict().items() if optimum.as_dict()[g] != f})
+        differ = len({(g.layer, g.linear) for g, f in plan.as_dict().items() if best_formats[g] != f})
         closed = (mean - value) / (mean - best) if chance and mean != best else float("nan")
         return (f"| {name} | {plan.fp4_flops_share:.3f} | {value:.4f} | {value - best:+.4f} | {closed:.2f} | "
                 f"{differ} |")

@@ -7,9 +7,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from experiments.comparison.protocol import BASE_POLICY, Protocol, RunSpec
+from experiments.comparison.protocol import BASE_POLICY, Protocol, RunSpec, config_path
 from experiments.comparison.store import is_done
-from megatron_snip.config import SnipConfig, parse_override
+from megatron_snip.config import load_config
 from megatron_snip.precision.formats import FP4_FORMATS
 
 
@@ -19,10 +19,8 @@ def _evals(steps: int, p: Protocol) -> int:
 
 
 def _truth_batches(p: Protocol) -> int:
-    """The runs' ``snip.truth_batches`` (the last --set of it, else the config default)."""
-    values = [value for section, key, value in map(parse_override, p.overrides)
-              if (section, key) == ("snip", "truth_batches")]
-    return int(values[-1]) if values else SnipConfig().truth_batches
+    """The runs' ``snip.truth_batches``, as their configuration resolves it."""
+    return load_config(config_path(p), list(p.overrides)).snip.truth_batches
 
 
 @dataclass(frozen=True)

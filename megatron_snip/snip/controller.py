@@ -98,19 +98,13 @@ class SnipController:
         host.record_plan_summary()
 
     # --- one re-plan ----------------------------------------------------------------------
-    def probe_batches(self, host: SnipHost, step: int) -> list[torch.Tensor]:
-        """``snip.probe_batches`` micro-batches of ``snip.probe_micro_batch_size`` sequences
-        starting at this step's data (this DP rank's share)."""
-        n, size = self.cfg.snip.probe_batches, self.cfg.probe_micro_batch_size()
+    def probe_batches(self, host: SnipHost, step: int, count: int | None = None) -> list[torch.Tensor]:
+        """``count`` (default ``snip.probe_batches``; the ``truth`` policy's ``snip.truth_batches``)
+        micro-batches of ``snip.probe_micro_batch_size`` sequences starting at this step's data
+        (this DP rank's share)."""
+        n, size = count or self.cfg.snip.probe_batches, self.cfg.probe_micro_batch_size()
         start = step * self.cfg.training.global_batch_size + host.topo.dp_rank * n * size
         return draw_micro_batches(host.train_data, start, n, size, host.device)
-
-    def truth_batches(self, host: SnipHost, step: int) -> list[torch.Tensor]:
-        """The ``truth`` policy's data: ``snip.truth_batches`` probe-sized micro-batches from this
-        step's data on (one process: see ``truth.check_single_process``)."""
-        start = step * self.cfg.training.global_batch_size
-        return draw_micro_batches(host.train_data, start, self.cfg.snip.truth_batches,
-                                  self.cfg.probe_micro_batch_size(), host.device)
 
     def replan(self, host: SnipHost, step: int) -> Replan:
         """Collect (every rank) -> reduce -> metrics + solve (global rank 0) -> broadcast -> apply
@@ -123,7 +117,8 @@ class SnipController:
         snapshot = None
         reused = 0
         if statistics == "truth":
-            snapshot = truth.measure(host, self.truth_batches(host, step), self.context.candidates, step)
+            batches = self.probe_batches(host, step, self.cfg.snip.truth_batches)
+            snapshot = truth.measure(host, batches, self.context.candidates, step)
             timings.update(snapshot["timings"])
             timings["stats_s"] = time.perf_counter() - t0
         elif statistics is not None:

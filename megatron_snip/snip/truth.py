@@ -14,8 +14,9 @@ batches; the ``truth`` policy (``snip/policies.py``) plans with them instead of 
 training batches, to tell how much of SNIP's gap to BF16 is its metric's fault.
 
 Cost, with L linears, F formats and n batches: n·(1 + L·F) forwards and n·(1 + 2·L·F)
-forward-backwards (dgrad and wgrad measured apart) — about 64·n passes per format on an
-8-block model, against SNIP's ~3 per probe batch. A research oracle, not a re-plan to run at scale.
+forward-backwards (dgrad and wgrad measured apart) — per batch and format 32 forwards and 64
+forward-backwards on an 8-block model, against SNIP's ~3 passes per probe batch. A research oracle,
+not a re-plan to run at scale.
 
 One process only: ``forward_loss`` is the whole model's loss (pp = 1) and the update norms are
 taken over this rank's parameters (tp = dp = 1); ``check_single_process`` says so.

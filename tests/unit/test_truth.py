@@ -158,6 +158,20 @@ def test_the_truth_policy_needs_one_process():
         truth.check_single_process(2, "snip.policy='truth'")
 
 
+def test_the_controller_refuses_the_truth_policy_on_several_ranks(small_overrides):
+    """The controller checks the world before training starts, naming the policy it refuses."""
+    from types import SimpleNamespace
+
+    from megatron_snip.parallel.topology import ParallelTopology
+
+    cfg = load_config("launch/configs/tiny.toml", small_overrides + ["snip.enabled=true", "snip.policy=truth",
+                                                                      "snip.formats=['fp8', 'nvfp4']"])
+    host = SimpleNamespace(topo=ParallelTopology.from_rank(2, 0, tp=1, pp=1), extra_state={})
+    with pytest.raises(ValueError, match=r"snip.policy='truth'.*world of 2 ranks"):
+        SnipController(cfg, host)
+    SnipController(cfg, SimpleNamespace(topo=ParallelTopology.single(), extra_state={}))  # one process: accepted
+
+
 def _run(small_overrides, tmp_path, policy):
     """A 2-step run of ``policy`` re-planning at step 1 (both policies see the same weights there)."""
     from megatron_snip.training.run import run_training
