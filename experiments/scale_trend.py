@@ -1,0 +1,177 @@
+"""Scale trend: one comparison's policies at several model sizes, side by side.
+
+    python -m experiments.scale_trend --size "1.66M=docs/results" --size "6.46M=docs/results_4x" \\
+        --formats fp8_block,fp4_block --rho 0.8 --out docs/results_scale.md
+
+Each ``--size NAME=OUT_DIR`` names a comparison driver's out-dir (its ``results.jsonl``: the latest
+ok record of each run; ``docs/results/`` and ``docs/results_4x/`` hold the committed ones). Per
+validation domain and size the page gives, for every policy of ``--policies`` run at ``--formats``
+and ``--rho``:
+
+- its paired Δ vs BF16: mean over seeds of (final loss − the BF16 run's of the same seed) ± its
+  standard error (sample std / √pairs), and how many pairs;
+- the share of uniform FP4's gap it recovers, ``1 − mean Δ_policy / mean Δ_uniform`` over the
+  seeds that ran both, ± its delta-method standard error (the ratio linearized per seed:
+  ``z_s = (Δ_policy,s − r·Δ_uniform,s) / mean Δ_uniform``, SE = std(z)/√n). The linearization
+  holds while uniform's mean gap is several of its SEs, so the share is left out ("n/a") where
+  that gap is under 2 SE or has no SE (one seed), and the page prints the ratio below the table;
+
+and SNIP's paired Δ against each other policy per size, with the change between the first and
+last size ± the two SEs combined in quadrature (the sizes' seeds are separate experiments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from experiments.ablation_table import finals
+from experiments.comparison.aggregate import paired
+
+UNIFORM = "uniform:fp4_block"
+DEFAULT_POLICIES = (UNIFORM, "bf16_ends", "random", "snip")
+PerSeed = Mapping[int, float]
+
+
+def parse_size(text: str) -> tuple[str, Path]:
+    name, sep, out_dir = text.partition("=")
+    if not sep or not name or not out_dir:
+        raise ValueError(f"--size {text!r}: write NAME=OUT_DIR, e.g. '1.66M=docs/results'")
+    return name, Path(out_dir)
+
+
+def paired_se(a: PerSeed, b: PerSeed) -> tuple[float, float, int]:
+    """Mean of a[s] - b[s] over shared seeds, its standard error (nan under 2 pairs), and the count."""
+    mean, std, n = paired(a, b)
+    return mean, (std / math.sqrt(n) if n > 1 else float("nan")), n
+
+
+def recovered_share(policy: PerSeed, uniform: PerSeed, bf16: PerSeed) -> tuple[float, float, int]:
+    """``1 - mean(policy - bf16) / mean(uniform - bf16)`` over the seeds all three ran, its
+    delta-method standard error (nan under 2 seeds), and the seed count."""
+    seeds = sorted(set(policy) & set(uniform) & set(bf16))
+    if not seeds:
+        return float("nan"), float("nan"), 0
+    d_pol = np.array([policy[s] - bf16[s] for s in seeds])
+    d_uni = np.array([uniform[s] - bf16[s] for s in seeds])
+    ratio = d_pol.mean() / d_uni.mean()
+    if len(seeds) < 2:
+        return float(1 - ratio), float("nan"), 1
+    z = (d_pol - ratio * d_uni) / d_uni.mean()
+    return float(1 - ratio), float(np.std(z, ddof=1) / math.sqrt(len(seeds))), len(seeds)
+
+
+def _pm(mean: float, se: float, n: int, spec: str = "+.4f") -> str:
+    if n == 0 or math.isnan(mean):
+        return "—"
+    return f"{mean:{spec}} ± {'—' if math.isnan(se) else format(se, spec.lstrip('+'))} ({n})"
+
+
+def domain_tables(sizes: Sequence[tuple[str, dict[str, dict[int, dict[str, float]]]]],
+                  policies: Sequence[str], domain: str) -> list[str]:
+    """Two markdown tables for one domain: each policy's Δ vs BF16 and recovered share per size,
+    and SNIP against each other policy per size with the change from the first size to the last."""
+    def on(per_seed: dict[int, dict[str, float]]) -> dict[int, float]:
+        return {s: v[domain] for s, v in per_seed.items() if domain in v}
+
+    head = ["policy"] + [f"{name}: {col}" for name, _ in sizes
+                         for col in ("Δ vs BF16 (± SE, pairs)", "share of uniform's gap recovered (± SE)")]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for pol in policies:
+        cells = [f"`{pol}`"]
+        for _, runs in sizes:
+            bf16, uni, this = on(runs["bf16"]), on(runs[UNIFORM]), on(runs[pol])
+            cells.append(_pm(*paired_se(this, bf16)))
+            if pol == UNIFORM:
+                cells.append("reference")
+            elif not _gap_is_clear(uni, bf16):
+                cells.append("n/a")
+            else:
+                cells.append(_pm(*recovered_share(this, uni, bf16), spec="+.2f"))
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    uni_t = "; ".join(f"{name} {_t_ratio(on(runs[UNIFORM]), on(runs['bf16']))}" for name, runs in sizes)
+    lines += [f"Uniform's mean gap to BF16 in SEs (the recovered share needs > 2): {uni_t}.", ""]
+    if "snip" not in policies:
+        return lines
+    first, last = sizes[0][0], sizes[-1][0]
+    head = ["SNIP −"] + [name for name, _ in sizes] + ([f"change {first} → {last} (± SE)"] if len(sizes) > 1 else [])
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for pol in ["bf16", *policies]:
+        if pol == "snip":
+            continue
+        deltas = [paired_se(on(runs["snip"]), on(runs[pol])) for _, runs in sizes]
+        cells = [f"`{pol}`"] + [_pm(*d) for d in deltas]
+        if len(sizes) > 1:
+            (m0, se0, _), (m1, se1, _) = deltas[0], deltas[-1]
+            cells.append(_pm(m1 - m0, math.hypot(se0, se1), 1).removesuffix(" (1)"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def _t_ratio(uniform: PerSeed, bf16: PerSeed) -> str:
+    mean, se, n = paired_se(uniform, bf16)
+    return "—" if n < 2 or se == 0 else f"{mean / se:.1f}"
+
+
+def _gap_is_clear(uniform: PerSeed, bf16: PerSeed) -> bool:
+    """Uniform's mean gap to BF16 is positive by more than 2 SE (so a share of it means something)."""
+    mean, se, n = paired_se(uniform, bf16)
+    return n >= 2 and mean > 2 * se
+
+
+def page(sizes: Sequence[tuple[str, Path]], formats: tuple[str, ...], rho: float,
+         policies: Sequence[str] = DEFAULT_POLICIES) -> str:
+    if UNIFORM not in policies:
+        raise ValueError(f"--policies {';'.join(policies)!r} must include {UNIFORM!r}: the recovered share is of its gap")
+    loaded = []
+    for name, out_dir in sizes:
+        runs = {"bf16": finals(out_dir, "bf16", None), UNIFORM: finals(out_dir, UNIFORM, None)}
+        for pol in policies:
+            if pol not in runs:
+                runs[pol] = finals(out_dir, pol, formats, rho)
+        missing = [pol for pol, per_seed in runs.items() if not per_seed]
+        if missing:
+            raise ValueError(f"{out_dir}/results.jsonl: no ok runs of {', '.join(missing)} "
+                             f"(formats {','.join(formats)}, rho {rho}); check --size, --formats and --rho")
+        loaded.append((name, runs))
+    domains = sorted({d for _, runs in loaded for per_seed in runs.values() for v in per_seed.values() for d in v},
+                     key=lambda d: (d != "val_loss", d))
+    lines = [f"Candidates `{','.join(formats)}` at rho = {rho}; sizes: "
+             + ", ".join(f"{name} (`{out_dir}`)" for name, out_dir in sizes) + ".", ""]
+    for domain in domains:
+        title = "training domain" if domain == "val_loss" else "other domain"
+        lines += [f"### {title}: `{domain}`", ""] + domain_tables(loaded, policies, domain)
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", action="append", required=True, help="NAME=OUT_DIR, smallest first")
+    ap.add_argument("--formats", required=True, help="candidate formats of the format-taking policies, e.g. fp8_block,fp4_block")
+    ap.add_argument("--rho", type=float, required=True, help="FP4 target of the format-taking policies")
+    ap.add_argument("--policies", default=";".join(DEFAULT_POLICIES),
+                    help=f"';'-separated policies to tabulate, {UNIFORM!r} among them (default: %(default)s)")
+    ap.add_argument("--out", type=Path, default=None, help="write the page here (default: print it)")
+    args = ap.parse_args(argv)
+    try:
+        text = page([parse_size(s) for s in args.size], tuple(args.formats.split(",")), args.rho,
+                    [p for p in args.policies.split(";") if p])
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.out is None:
+        print(text, end="")
+    else:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
