@@ -71,3 +71,11 @@ def test_a_size_missing_a_policy_is_named_with_the_fix(tmp_path):
     with pytest.raises(ValueError, match=r"no ok runs of bf16_ends, random, snip .*--formats and --rho"):
         scale_trend.page([("S", only)], tuple(FORMATS), 0.8)
     assert scale_trend.main(["--size", "nonsense", "--formats", "a,b", "--rho", "0.8"]) == 2
+
+
+def test_the_written_page_names_the_command_that_made_it(tmp_path):
+    out_dir = write_records(tmp_path / "d", {
+        "bf16": {1: 1.0}, scale_trend.UNIFORM: {1: 1.01}, "bf16_ends": {1: 1.0}, "random": {1: 1.0}, "snip": {1: 1.0}})
+    argv = ["--size", f"S={out_dir}", "--formats", ",".join(FORMATS), "--rho", "0.8", "--out", str(tmp_path / "p.md")]
+    assert scale_trend.main(argv) == 0
+    assert f"python -m experiments.scale_trend --size S={out_dir} --formats" in (tmp_path / "p.md").read_text()
