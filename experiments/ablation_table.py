@@ -121,12 +121,17 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.out is None:
+    write_or_print(text, args.out)
+    return 0
+
+
+def write_or_print(text: str, out: Path | None) -> None:
+    """Write a generated page to ``out`` (creating its folder), or print it when ``out`` is None."""
+    if out is None:
         print(text, end="")
     else:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-    return 0
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.ablation_table import finals
+from experiments.ablation_table import finals, write_or_print
 from experiments.comparison.aggregate import paired
 
 UNIFORM = "uniform:fp4_block"
@@ -176,11 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.out is None:
-        print(text, end="")
-    else:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+    write_or_print(text, args.out)
     return 0
 
 
