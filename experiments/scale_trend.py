@@ -128,6 +128,7 @@ def _gap_is_clear(uniform: PerSeed, bf16: PerSeed) -> bool:
 
 def page(sizes: Sequence[tuple[str, Path]], formats: tuple[str, ...], rho: float,
          policies: Sequence[str] = DEFAULT_POLICIES, command: str | None = None) -> str:
+    """The markdown page: per domain, ``domain_tables`` over the sizes (each a (name, out-dir))."""
     if UNIFORM not in policies:
         raise ValueError(f"--policies {';'.join(policies)!r} must include {UNIFORM!r}: the recovered share is of its gap")
     loaded = []
@@ -152,8 +153,8 @@ def page(sizes: Sequence[tuple[str, Path]], formats: tuple[str, ...], rho: float
              "Δ vs BF16: mean over seeds of (final loss − the BF16 run's of the same seed), in nats, "
              "± standard error (pairs). Share of uniform's gap recovered: 1 − mean Δ / mean Δ of "
              f"`{UNIFORM}`, ± its delta-method SE. SNIP −: SNIP's paired Δ against each policy "
-             "(negative: SNIP better); the change is last size minus first (positive: SNIP's edge "
-             "shrank), ± the two SEs in quadrature.", ""]
+             "(negative: SNIP better); the change is last size minus first (positive: SNIP did "
+             "relatively worse at the larger size), ± the two SEs in quadrature.", ""]
     for domain in domains:
         title = "training domain" if domain == "val_loss" else "other domain"
         lines += [f"### {title}: `{domain}`", ""] + domain_tables(loaded, policies, domain)
