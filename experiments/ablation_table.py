@@ -22,7 +22,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments.cli import emit_page
 from experiments.comparison.aggregate import paired
+from experiments.comparison.report import standard_error
 from experiments.comparison.store import latest_records, read_results
 from megatron_snip.snip.policies import parse_policy
 
@@ -88,7 +90,7 @@ def cell(a: dict[int, dict[str, float]], b: dict[int, dict[str, float]], domain:
                           {s: v[domain] for s, v in b.items() if domain in v})
     if n == 0:
         return "—"
-    se = std / math.sqrt(n) if n > 1 else float("nan")
+    se = standard_error(std, n)
     # Two pairs give an SE with one degree of freedom: no verdict from fewer than three.
     mark = " **(> 2 SE)**" if verdict and n >= 3 and abs(mean) > 2 * se else ""
     return f"{mean:+.4f} ± {se:.4f} ({n}){mark}"
@@ -116,22 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bf16", type=Path, default=None, help="out-dir whose bf16 runs give the Δ vs BF16 columns")
     ap.add_argument("--out", type=Path, default=None, help="write the table here (default: print it)")
     args = ap.parse_args(argv)
-    try:
-        text = table([Row.parse(r) for r in args.row], args.bf16)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    write_or_print(text, args.out)
-    return 0
-
-
-def write_or_print(text: str, out: Path | None) -> None:
-    """Write a generated page to ``out`` (creating its folder), or print it when ``out`` is None."""
-    if out is None:
-        print(text, end="")
-    else:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
+    return emit_page(lambda: table([Row.parse(r) for r in args.row], args.bf16), args.out)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from experiments.cli import emit_page, named_path
 from megatron_snip.config import load_config
 from megatron_snip.model.shapes import linear_numel, model_linear_shapes
 from megatron_snip.precision.plan import PrecisionPlan
@@ -84,18 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step", type=int, default=20, help="the re-plan step (the first: all runs had the same weights)")
     ap.add_argument("--random", type=int, default=200, help="random plans at the same target, for scale")
     args = ap.parse_args(argv)
-    try:
-        plans = {}
-        for text in args.plan:
-            name, sep, path = text.partition("=")
-            if not sep or not name or not path:
-                raise ValueError(f"--plan {text!r}: write NAME=RUN_DIR, e.g. snip=runs/ablation/truth/snip_..._seed11")
-            plans[name] = Path(path)
-        print(regret_table(Path(args.truth), plans, args.step, args.random), end="")
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+
+    def make() -> str:
+        plans = dict(named_path("--plan", text, "snip=runs/ablation/truth/snip_..._seed11") for text in args.plan)
+        return regret_table(Path(args.truth), plans, args.step, args.random)
+
+    return emit_page(make, None)
 
 
 if __name__ == "__main__":

@@ -31,25 +31,20 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.ablation_table import finals, write_or_print
-from experiments.comparison.aggregate import paired
+from experiments.ablation_table import finals
+from experiments.cli import emit_page, named_path
+from experiments.comparison.aggregate import paired, sample_std
+from experiments.comparison.report import plus_minus, standard_error
 
 UNIFORM = "uniform:fp4_block"
 DEFAULT_POLICIES = (UNIFORM, "bf16_ends", "random", "snip")
 PerSeed = Mapping[int, float]
 
 
-def parse_size(text: str) -> tuple[str, Path]:
-    name, sep, out_dir = text.partition("=")
-    if not sep or not name or not out_dir:
-        raise ValueError(f"--size {text!r}: write NAME=OUT_DIR, e.g. '1.66M=docs/results'")
-    return name, Path(out_dir)
-
-
 def paired_se(a: PerSeed, b: PerSeed) -> tuple[float, float, int]:
     """Mean of a[s] - b[s] over shared seeds, its standard error (nan under 2 pairs), and the count."""
     mean, std, n = paired(a, b)
-    return mean, (std / math.sqrt(n) if n > 1 else float("nan")), n
+    return mean, standard_error(std, n), n
 
 
 def recovered_share(policy: PerSeed, uniform: PerSeed, bf16: PerSeed) -> tuple[float, float, int]:
@@ -61,16 +56,15 @@ def recovered_share(policy: PerSeed, uniform: PerSeed, bf16: PerSeed) -> tuple[f
     d_pol = np.array([policy[s] - bf16[s] for s in seeds])
     d_uni = np.array([uniform[s] - bf16[s] for s in seeds])
     ratio = d_pol.mean() / d_uni.mean()
-    if len(seeds) < 2:
-        return float(1 - ratio), float("nan"), 1
     z = (d_pol - ratio * d_uni) / d_uni.mean()
-    return float(1 - ratio), float(np.std(z, ddof=1) / math.sqrt(len(seeds))), len(seeds)
+    return float(1 - ratio), standard_error(sample_std(z), len(seeds)), len(seeds)
 
 
-def _pm(mean: float, se: float, n: int, spec: str = "+.4f") -> str:
-    if n == 0 or math.isnan(mean):
+def _cell(mean: float, se: float, n: int | None = None, spec: str = ".4f") -> str:
+    """``+mean ± se (n)``; "—" without pairs; no count when ``n`` is None."""
+    if n == 0:
         return "—"
-    return f"{mean:{spec}} ± {'—' if math.isnan(se) else format(se, spec.lstrip('+'))} ({n})"
+    return plus_minus(mean, se, spec, signed=True) + ("" if n is None else f" ({n})")
 
 
 def domain_tables(sizes: Sequence[tuple[str, dict[str, dict[int, dict[str, float]]]]],
@@ -80,24 +74,28 @@ def domain_tables(sizes: Sequence[tuple[str, dict[str, dict[int, dict[str, float
     def on(per_seed: dict[int, dict[str, float]]) -> dict[int, float]:
         return {s: v[domain] for s, v in per_seed.items() if domain in v}
 
+    # Uniform's gap to BF16 per size: a share of it means something only where it is > 2 SE.
+    uniform_gap = [paired_se(on(runs[UNIFORM]), on(runs["bf16"])) for _, runs in sizes]
+    clear = [n >= 2 and mean > 2 * se for mean, se, n in uniform_gap]
     head = ["policy"] + [f"{name}: {col}" for name, _ in sizes
                          for col in ("Δ vs BF16 (± SE, pairs)", "share of uniform's gap recovered (± SE)")]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for pol in policies:
         cells = [f"`{pol}`"]
-        for _, runs in sizes:
+        for (_, runs), gap_is_clear in zip(sizes, clear):
             bf16, uni, this = on(runs["bf16"]), on(runs[UNIFORM]), on(runs[pol])
-            cells.append(_pm(*paired_se(this, bf16)))
+            cells.append(_cell(*paired_se(this, bf16)))
             if pol == UNIFORM:
                 cells.append("reference")
-            elif not _gap_is_clear(uni, bf16):
+            elif not gap_is_clear:
                 cells.append("n/a")
             else:
-                cells.append(_pm(*recovered_share(this, uni, bf16), spec="+.2f"))
+                cells.append(_cell(*recovered_share(this, uni, bf16), spec=".2f"))
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
-    uni_t = "; ".join(f"{name} {_t_ratio(on(runs[UNIFORM]), on(runs['bf16']))}" for name, runs in sizes)
-    lines += [f"Uniform's mean gap to BF16 in SEs (the recovered share needs > 2): {uni_t}.", ""]
+    t_ratios = "; ".join(f"{name} " + ("—" if n < 2 or se == 0 else f"{mean / se:.1f}")
+                         for (name, _), (mean, se, n) in zip(sizes, uniform_gap))
+    lines += [f"Uniform's mean gap to BF16 in SEs (the recovered share needs > 2): {t_ratios}.", ""]
     if "snip" not in policies:
         return lines
     first, last = sizes[0][0], sizes[-1][0]
@@ -107,23 +105,12 @@ def domain_tables(sizes: Sequence[tuple[str, dict[str, dict[int, dict[str, float
         if pol == "snip":
             continue
         deltas = [paired_se(on(runs["snip"]), on(runs[pol])) for _, runs in sizes]
-        cells = [f"`{pol}`"] + [_pm(*d) for d in deltas]
+        cells = [f"`{pol}`"] + [_cell(*d) for d in deltas]
         if len(sizes) > 1:
             (m0, se0, _), (m1, se1, _) = deltas[0], deltas[-1]
-            cells.append(_pm(m1 - m0, math.hypot(se0, se1), 1).removesuffix(" (1)"))
+            cells.append(_cell(m1 - m0, math.hypot(se0, se1)))
         lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]
-
-
-def _t_ratio(uniform: PerSeed, bf16: PerSeed) -> str:
-    mean, se, n = paired_se(uniform, bf16)
-    return "—" if n < 2 or se == 0 else f"{mean / se:.1f}"
-
-
-def _gap_is_clear(uniform: PerSeed, bf16: PerSeed) -> bool:
-    """Uniform's mean gap to BF16 is positive by more than 2 SE (so a share of it means something)."""
-    mean, se, n = paired_se(uniform, bf16)
-    return n >= 2 and mean > 2 * se
 
 
 def page(sizes: Sequence[tuple[str, Path]], formats: tuple[str, ...], rho: float,
@@ -170,15 +157,10 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"';'-separated policies to tabulate, {UNIFORM!r} among them (default: %(default)s)")
     ap.add_argument("--out", type=Path, default=None, help="write the page here (default: print it)")
     args = ap.parse_args(argv)
-    try:
-        command = shlex.join(["python", "-m", "experiments.scale_trend", *(sys.argv[1:] if argv is None else argv)])
-        text = page([parse_size(s) for s in args.size], tuple(args.formats.split(",")), args.rho,
-                    [p for p in args.policies.split(";") if p], command)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    write_or_print(text, args.out)
-    return 0
+    command = shlex.join(["python", "-m", "experiments.scale_trend", *(sys.argv[1:] if argv is None else argv)])
+    return emit_page(lambda: page([named_path("--size", s, "1.66M=docs/results") for s in args.size],
+                                  tuple(args.formats.split(",")), args.rho,
+                                  [p for p in args.policies.split(";") if p], command), args.out)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,8 @@ def _num(x: float | None, spec: str = ".4f") -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
-def _pm(mean: float, std: float, spec: str = ".4f", signed: bool = False) -> str:
+def plus_minus(mean: float, std: float, spec: str = ".4f", signed: bool = False) -> str:
+    """``mean ± std`` in ``spec`` (mean with its sign when ``signed``); "—" for a missing value."""
     s = ("+" if signed else "") + spec
     return f"{_num(mean, s)} ± {_num(std, spec)}"
 
@@ -69,8 +70,8 @@ def results_table(rows: Sequence[Row]) -> list[str]:
     for r in rows:
         ref = r.policy == "bf16" and r.formats is None
         lines.append(f"| {r.policy} | {_formats_label(r.formats)} | {_num(r.rho, 'g')} | {_num(r.fp4_share, '.3f')} | "
-                     f"{r.n} | {_pm(r.mean, r.std)} | {'reference' if ref else _num(r.gap_pct, '+.2f') + '%'} | "
-                     f"{'reference' if ref else _pm(r.paired_mean, standard_error(r.paired_std, r.n_pairs), signed=True) + f' ({r.n_pairs})'} |")
+                     f"{r.n} | {plus_minus(r.mean, r.std)} | {'reference' if ref else _num(r.gap_pct, '+.2f') + '%'} | "
+                     f"{'reference' if ref else plus_minus(r.paired_mean, standard_error(r.paired_std, r.n_pairs), signed=True) + f' ({r.n_pairs})'} |")
     return lines
 
 
@@ -96,9 +97,9 @@ def sweep_table(results: Sequence[dict], p: Protocol, domain: str, best: Mapping
             s_mean = float(np.mean(list(s.values()))) if s else float("nan")
             b_mean = float(np.mean(list(b.values()))) if b else float("nan")
             lines.append(f"| {_formats_label(fs)} | {rho:g} | {_num(_share(results, 'snip', fs, rho), '.3f')} | "
-                         f"{_pm(s_mean, sample_std(list(s.values())))} | {base or '—'} | "
-                         f"{_num(_share(results, base, fs, rho), '.3f')} | {_pm(b_mean, sample_std(list(b.values())))} | "
-                         f"{_pm(pm, standard_error(ps, n), signed=True)} ({n}) |")
+                         f"{plus_minus(s_mean, sample_std(list(s.values())))} | {base or '—'} | "
+                         f"{_num(_share(results, base, fs, rho), '.3f')} | {plus_minus(b_mean, sample_std(list(b.values())))} | "
+                         f"{plus_minus(pm, standard_error(ps, n), signed=True)} ({n}) |")
     return lines
 
 
@@ -143,7 +144,7 @@ def snip_versus_section(results: Sequence[dict], p: Protocol) -> list[str]:
                 pm, ps, n = paired(snip, by_seed(results, pol, f, r, domain))
                 if n:
                     v = verdict(pm, standard_error(ps, n))
-                    rows.append((pol, domain, f"{_pm(pm, standard_error(ps, n), signed=True)} ({n}) {v}"))
+                    rows.append((pol, domain, f"{plus_minus(pm, standard_error(ps, n), signed=True)} ({n}) {v}"))
                     if v in outcome:
                         outcome[v].append(f"`{pol}`")
             joined = {"wins": "wins against", "ties": "ties with", "loses": "loses to"}

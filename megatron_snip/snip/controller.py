@@ -102,7 +102,8 @@ class SnipController:
         """``count`` (default ``snip.probe_batches``; the ``truth`` policy's ``snip.truth_batches``)
         micro-batches of ``snip.probe_micro_batch_size`` sequences starting at this step's data
         (this DP rank's share)."""
-        n, size = count or self.cfg.snip.probe_batches, self.cfg.probe_micro_batch_size()
+        n = self.cfg.snip.probe_batches if count is None else count
+        size = self.cfg.probe_micro_batch_size()
         start = step * self.cfg.training.global_batch_size + host.topo.dp_rank * n * size
         return draw_micro_batches(host.train_data, start, n, size, host.device)
 
