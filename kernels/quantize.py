@@ -29,29 +29,10 @@ reference's colwise path.
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from megatron_snip.precision.formats import E4M3, Format, Operand, Scaling, get_format
-from megatron_snip.precision.quantize.bits import _F32_MAX
-from megatron_snip.precision.quantize.blocks import (
-    _MAX_MANTISSA_BITS,
-    _RCP_E2M1_MAX,
-    _nvfp4_tensor_scales,
-    _tensor_scales,
-)
-from megatron_snip.precision.quantize.hadamard import RHT_SIGNS, RHT_SIZE
-from megatron_snip.precision.quantize.noise import _MIX_MUL1, _MIX_MUL2
-
-__all__ = ["qdq", "scaled_operand"]
-
-_SCALING_CODE = {Scaling.NONE: 0, Scaling.TENSOR: 1, Scaling.BLOCK_POW2: 2, Scaling.BLOCK_E8M0: 3,
-                 Scaling.BLOCK_E4M3_TENSOR: 4, Scaling.BLOCK_FP32: 5}
-_RHT_NEG_MASK = sum(1 << i for i, s in enumerate(RHT_SIGNS) if s < 0)  # bit i set: sign i is -1
-_MUL1 = tl.constexpr(_MIX_MUL1)  # the counter RNG's mixer constants, from quantize.noise
-_MUL2 = tl.constexpr(_MIX_MUL2)
-_IDENTITY = get_format("bf16")
+__all__ = ["launch_qdq"]
 
 
 @triton.jit
@@ -96,12 +77,13 @@ def _round_element(x, noise, EMIN: tl.constexpr, EMAX: tl.constexpr, MBITS: tl.c
 
 
 @triton.jit
-def _mix32(h):
-    """``noise._mix32`` on int32 bit patterns (multiplication wraps; shifts made logical by masks)."""
+def _mix32(h, MUL1: tl.constexpr, MUL2: tl.constexpr):
+    """``noise._mix32`` on int32 bit patterns (multiplication wraps; shifts made logical by masks);
+    MUL1, MUL2: its mixer constants (``noise._MIX_MUL1/2``)."""
     h = h ^ ((h >> 16) & 0xFFFF)
-    h = h * _MUL1
+    h = h * MUL1
     h = h ^ ((h >> 15) & 0x1FFFF)
-    h = h * _MUL2
+    h = h * MUL2
     return h ^ ((h >> 15) & 0x1FFFF)
 
 
@@ -123,7 +105,8 @@ def _qdq_kernel(
     TR: tl.constexpr, NB: tl.constexpr, BS: tl.constexpr, BLOCK_2D: tl.constexpr,
     SCALING: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MBITS: tl.constexpr, MAXV: tl.constexpr,
     ROUND_UP: tl.constexpr, MAX_MANT: tl.constexpr, SR: tl.constexpr, HADAMARD: tl.constexpr,
-    RHT_NEG: tl.constexpr, F32MAX: tl.constexpr, OUT_ELEMENTS: tl.constexpr,
+    RHT_NEG: tl.constexpr, F32MAX: tl.constexpr, OUT_ELEMENTS: tl.constexpr, MUL1: tl.constexpr,
+    MUL2: tl.constexpr,
 ):
     """Quantize-dequantize one [TR rows] x [NB blocks of BS columns] tile of the logical operand.
 
@@ -159,8 +142,8 @@ def _qdq_kernel(
         seed0 = tl.load(seeds_ptr)
         seed1 = tl.load(seeds_ptr + 1)
         counter = r3 * cols + c3  # int32, wraps like the reference's counters
-        h = _mix32(counter + seed0)
-        h = _mix32(h ^ seed1)
+        h = _mix32(counter + seed0, MUL1, MUL2)
+        h = _mix32(h ^ seed1, MUL1, MUL2)
         noise = ((h >> 8) & 0xFFFFFF).to(tl.float32) * (2.0 ** -24)
     else:
         noise = x  # unused
@@ -226,94 +209,23 @@ def _qdq_kernel(
         tl.store(y_ptr + offs, y, mask=mask)
 
 
-def _tile(spec: Format, operand: Operand, hadamard: bool) -> tuple[int, int, int, bool]:
-    """(TR, NB, BS, BLOCK_2D): rows per tile, blocks per tile row, block columns, 2-D blocks."""
-    if spec.scaling in (Scaling.NONE, Scaling.TENSOR):
-        return 16, 8 if hadamard else 1, RHT_SIZE if hadamard else 128, False
-    br, bc = spec.block_for(operand)
-    nb = max(1, 128 // bc)
-    return (br, nb, bc, True) if br > 1 else (16, nb, bc, False)
+def launch_qdq(x, y, scalars, seeds, scales_out, rows, cols, stride_r, stride_c, *, tr: int, nb: int, bs: int,
+               block_2d: bool, scaling: int, emin: int, emax: int, mbits: int, maxv: float, round_up: bool,
+               max_mant: int, hadamard: bool, rht_neg: int, f32max: float, mix_mul1: int, mix_mul2: int,
+               out_elements: bool) -> None:
+    """Launch ``_qdq_kernel`` over the logical (rows, cols) operand: tensors and plain constants only.
 
-
-def qdq(p: torch.Tensor, spec: Format, operand: Operand, hadamard: bool, colwise: bool,
-        amax: torch.Tensor | None, seeds: torch.Tensor | None) -> torch.Tensor:
-    """``quantize.blocks._qdq`` as one fused Triton kernel (same arguments, same bits).
-
-    Args:
-        p: contiguous fp32 physical tensor: the logical operand (``colwise=False``) or its
-            transpose (``colwise=True``); a CUDA tensor (or CPU under TRITON_INTERPRET=1).
-        amax: tensor amax (of the rotated operand), or None for the local one.
-        seeds: int32 (2,) stochastic-rounding seeds on p's device, or None for RNE.
-    Returns:
-        the dequantized (and, with ``hadamard``, rotated) operand in p's layout.
-    """
-    assert p.dtype == torch.float32 and p.is_contiguous() and p.dim() == 2
-    rows, cols = (p.shape[1], p.shape[0]) if colwise else (p.shape[0], p.shape[1])
-    stride_r, stride_c = (1, p.shape[1]) if colwise else (p.shape[1], 1)
-    if hadamard and spec.quantizes and (
-            (spec.uses_tensor_amax and amax is None) or _tile(spec, operand, True)[2] != RHT_SIZE):
-        # Rotate in a pass of its own (the same butterflies) when the tensor scale needs the
-        # rotated tensor's amax first, or the format's blocks are not the 16-blocks rotated in-tile.
-        p = qdq(p, _IDENTITY, operand, True, colwise, None, None)
-        hadamard = False
-    elem = spec.element_for(operand) if spec.quantizes else E4M3  # E4M3: placeholder constants for NONE
-    scalars = torch.zeros(4, dtype=torch.float32, device=p.device)
-    if spec.scaling is Scaling.TENSOR:
-        scale, scale_inv = _tensor_scales(p.abs().amax() if amax is None else amax, elem)
-        scalars[0], scalars[1] = scale, scale_inv
-    elif spec.scaling is Scaling.BLOCK_E4M3_TENSOR:
-        a = p.abs().amax() if amax is None else amax  # = the max of the block amaxes
-        s_enc, s_dec = _nvfp4_tensor_scales(a)
-        scalars[0], scalars[1], scalars[2] = s_enc * _RCP_E2M1_MAX, s_dec, a
-    tr, nb, bs, block_2d = _tile(spec, operand, hadamard)
-    y = torch.empty_like(p)
-    _launch(p, y, scalars, seeds, scalars, rows, cols, stride_r, stride_c, spec, elem, tr, nb, bs, block_2d,
-            hadamard, out_elements=False)
-    return y
-
-
-def _launch(x, y, scalars, seeds, scales_out, rows, cols, stride_r, stride_c, spec, elem, tr, nb, bs, block_2d,
-            hadamard, out_elements) -> None:
+    The caller (``megatron_snip/precision/quantize/kernel_calls.py``) turns a format and operand
+    kind into these: the tile (tr rows x nb blocks of bs columns, block_2d), the scaling code
+    (``_qdq_kernel``'s SCALING), the element grid (emin, emax, mbits, maxv), E8M0 rounding
+    (round_up, max_mant), the Hadamard sign mask (rht_neg: bit i set = sign i is -1), the fp32 max
+    and the counter RNG's mixer constants; stochastic rounding runs when ``seeds`` is given."""
     grid = (triton.cdiv(rows, tr), triton.cdiv(cols, nb * bs))
     _qdq_kernel[grid](
         x, y, scalars, seeds if seeds is not None else scalars, scales_out, rows, cols, stride_r, stride_c,
-        TR=tr, NB=nb, BS=bs, BLOCK_2D=block_2d, SCALING=_SCALING_CODE[spec.scaling],
-        EMIN=elem.emin, EMAX=elem.emax, MBITS=elem.mbits, MAXV=elem.max,
-        ROUND_UP=bool(spec.e8m0_round_up), MAX_MANT=_MAX_MANTISSA_BITS[elem.name],
-        SR=seeds is not None, HADAMARD=hadamard, RHT_NEG=_RHT_NEG_MASK, F32MAX=_F32_MAX,
-        OUT_ELEMENTS=out_elements, enable_fp_fusion=False,
+        TR=tr, NB=nb, BS=bs, BLOCK_2D=block_2d, SCALING=scaling,
+        EMIN=emin, EMAX=emax, MBITS=mbits, MAXV=maxv,
+        ROUND_UP=round_up, MAX_MANT=max_mant,
+        SR=seeds is not None, HADAMARD=hadamard, RHT_NEG=rht_neg, F32MAX=f32max,
+        OUT_ELEMENTS=out_elements, MUL1=mix_mul1, MUL2=mix_mul2, enable_fp_fusion=False,
     )
-
-
-_FLOAT8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
-
-
-def scaled_operand(x: torch.Tensor, spec: Format, operand: Operand,
-                   amax: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``quantize.blocks.scaled_elements`` + the float8 cast in one pass: a scaled-mm's operand.
-
-    Args:
-        x: (rows, cols) logical operand, any float dtype, any strides (a transposed view is
-            read in place); reduction dim last.
-        spec: ``fp8`` (per-tensor scales) or ``fp8_block`` (power-of-two blocks).
-        amax: tensor amax reduced over TP, or None for the local one (``fp8`` only).
-    Returns:
-        (elements: row-major (rows, cols) float8, decode scales: fp32 0-d or
-         (rows / br, cols / bc)) - the values ``scaled_elements`` returns, bit for bit.
-    """
-    assert spec.scaling in (Scaling.TENSOR, Scaling.BLOCK_POW2) and x.dim() == 2
-    elem = spec.element_for(operand)
-    rows, cols = x.shape
-    scalars = torch.zeros(4, dtype=torch.float32, device=x.device)
-    if spec.scaling is Scaling.TENSOR:
-        scale, scale_inv = _tensor_scales(x.abs().amax().float() if amax is None else amax, elem)
-        scalars[0], scalars[1] = scale, scale_inv
-        scales_out = scale_inv
-    else:
-        br, bc = spec.block_for(operand)
-        scales_out = torch.empty(rows // br, cols // bc, dtype=torch.float32, device=x.device)
-    tr, nb, bs, block_2d = _tile(spec, operand, False)
-    elements = torch.empty(rows, cols, dtype=_FLOAT8[elem.name], device=x.device)
-    _launch(x, elements, scalars, None, scales_out, rows, cols, x.stride(0), x.stride(1), spec, elem, tr, nb, bs,
-            block_2d, False, out_elements=True)
-    return elements, scales_out

@@ -21,11 +21,11 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import torch  # noqa: E402
+import torch
 
-from megatron_snip.config import config_from_dict, load_config  # noqa: E402
-from megatron_snip.interop import hf  # noqa: E402
+from megatron_snip.config import config_from_dict, load_config
+from megatron_snip.interop import hf
+from megatron_snip.training.export_hf import export_checkpoint
 
 
 def hf_training_config(hf_dir: str, base: str | None, overrides: list[str]):
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {args.out}: {cfg.model.num_layers} layers, d={cfg.model.hidden_size}, vocab "
                   f"{cfg.model.vocab_size}, training.init_from={cfg.training.init_from}")
         else:
-            out = hf.export_checkpoint(args.checkpoint, args.out, dtype=getattr(torch, args.dtype),
+            out = export_checkpoint(args.checkpoint, args.out, dtype=getattr(torch, args.dtype),
                                        max_shard_bytes=int(args.max_shard_gb * 2**30))
             print(f"wrote {out}: " + ", ".join(sorted(f.name for f in out.iterdir())))
     except ValueError as err:

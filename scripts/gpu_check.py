@@ -39,8 +39,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parent.parent  # the repository: launch/configs/ (the package comes installed)
 
 FORMATS_Q = ("fp8", "fp8_block", "mxfp8", "mxfp4", "nvfp4", "fp4_block")
 FAILED: list[str] = []
@@ -217,9 +216,9 @@ def check_gemms(device, smoke: bool) -> None:
 def check_bitwise(device, smoke: bool) -> None:
     import torch
 
-    from kernels.quantize import qdq
     from megatron_snip.precision.formats import Operand, get_format
     from megatron_snip.precision.quantize.blocks import _qdq
+    from megatron_snip.precision.quantize.kernel_calls import qdq
     from megatron_snip.precision.quantize.noise import draw_seeds
 
     total = kernel_ok = eager_ok = 0
@@ -252,8 +251,8 @@ def check_bitwise(device, smoke: bool) -> None:
 def check_scaled_op(device, smoke: bool) -> None:
     import torch
 
-    from kernels.quantize import scaled_operand
     from megatron_snip.precision.formats import Operand, get_format
+    from megatron_snip.precision.quantize.kernel_calls import scaled_operand
     from megatron_snip.precision.quantize.scaled import SCALED_FORMATS, ScaledOperand, dequantize, quantize_scaled
 
     total = ok = 0
@@ -328,8 +327,8 @@ def check_compiled(device, smoke: bool) -> None:
 def check_bandwidth(device, smoke: bool) -> None:
     import torch
 
-    from kernels.quantize import qdq, scaled_operand
     from megatron_snip.precision.formats import Operand, get_format
+    from megatron_snip.precision.quantize.kernel_calls import qdq, scaled_operand
     from megatron_snip.precision.quantize.noise import draw_seeds
 
     rows, cols = (128, 128) if smoke else (8192, 8192)
@@ -479,7 +478,7 @@ def force_fallback() -> None:
 def count_triton_specializations() -> None:
     """Record each distinct Triton specialization the quantize kernels launch (one compile each on a
     GPU): the constexprs, the dtypes, and Triton's integer specialization (== 1, divisible by 16)."""
-    import kernels.quantize as kq
+    import megatron_snip.precision.quantize.kernel_calls as kq
 
     launch = kq._launch
 

@@ -19,11 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Iterable
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # Llama 3's pre-tokenizer pattern (tiktoken cl100k-like).
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"

@@ -17,10 +17,9 @@ import dataclasses
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from megatron_snip.atomic_io import atomic_write_text  # noqa: E402
-from megatron_snip.training import checkpoint as ckpt  # noqa: E402
-from megatron_snip.training import reshard  # noqa: E402
+from megatron_snip.atomic_io import atomic_write_text
+from megatron_snip.training import checkpoint as ckpt
+from megatron_snip.training import reshard
 
 
 def _check_out(out_run: Path, src_run: Path) -> None:

@@ -11,14 +11,14 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from megatron_snip.config import load_config  # noqa: E402
-from megatron_snip.interop import hf  # noqa: E402
-from megatron_snip.training.trainer import Trainer  # noqa: E402
+from megatron_snip.config import load_config
+from megatron_snip.training.export_hf import PLANS_FILE, export_checkpoint
+from megatron_snip.training.trainer import Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import convert_hf  # noqa: E402
-import make_tiny_hf  # noqa: E402
-from hf_tolerance import logits_atol  # noqa: E402
+import convert_hf
+import make_tiny_hf
+from hf_tolerance import logits_atol
 
 TINY = "launch/configs/tiny.toml"
 VOCAB = 512
@@ -51,11 +51,11 @@ def test_init_from_hf_then_export_round_trips_through_transformers(small_overrid
         torch.testing.assert_close(tr.model(x), ref(x).logits, atol=logits_atol(ref, x), rtol=0)
     assert tr.step == 0
     tr.fit()
-    out = hf.export_checkpoint(cfg.training.run_dir, tmp_path / "exported")
+    out = export_checkpoint(cfg.training.run_dir, tmp_path / "exported")
     back = transformers.LlamaForCausalLM.from_pretrained(out).eval()
     tok = transformers.AutoTokenizer.from_pretrained(out)
     assert (tok.bos_token, tok.eos_token) == ("<|begin_of_text|>", "<|end_of_text|>")
-    assert (out / hf.PLANS_FILE).is_file()
+    assert (out / PLANS_FILE).is_file()
     with torch.no_grad():
         trained = tr.model.eval()(x)
         assert not torch.allclose(trained, ref(x).logits, atol=1e-3)  # training moved the weights

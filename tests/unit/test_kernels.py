@@ -25,11 +25,11 @@ if importlib.util.find_spec("triton") is None:
     pytest.skip('triton is not installed (pip install -e ".[kernels]")', allow_module_level=True)
 os.environ["TRITON_INTERPRET"] = "1"  # before kernels.quantize is imported: triton.jit reads it then
 
-from kernels.cases import input_classes  # noqa: E402
-from kernels.quantize import qdq  # noqa: E402
-from megatron_snip.precision.formats import FORMATS, Operand, get_format  # noqa: E402
-from megatron_snip.precision.quantize.blocks import _qdq  # noqa: E402
-from megatron_snip.precision.quantize.noise import draw_seeds  # noqa: E402
+from kernels.cases import input_classes
+from megatron_snip.precision.formats import FORMATS, Operand, get_format
+from megatron_snip.precision.quantize.blocks import _qdq
+from megatron_snip.precision.quantize.kernel_calls import qdq
+from megatron_snip.precision.quantize.noise import draw_seeds
 
 LOW_PRECISION = [f for f in FORMATS if f != "bf16"]
 # numpy's warnings for the IEEE overflows and divisions by zero the kernels rely on (Inf -> saturation)
@@ -92,9 +92,9 @@ def test_given_tensor_amax_matches_reference(fmt):
 def test_scaled_operands_match_reference(fmt, operand):
     # The torch backend's operands: float8 elements (row-major, whatever the input layout)
     # and decode scales, as quantize.blocks.scaled_elements computes them.
-    from kernels.quantize import scaled_operand
     from megatron_snip.precision.quantize import quantize
     from megatron_snip.precision.quantize.blocks import scaled_elements
+    from megatron_snip.precision.quantize.kernel_calls import scaled_operand
     from megatron_snip.precision.quantize.scaled import ScaledOperand, dequantize
 
     spec = get_format(fmt)

@@ -1,7 +1,7 @@
 """Fast variants of the block-scaling math: Triton kernels on CUDA, torch.compile'd graphs elsewhere.
 
 ``_run_qdq`` picks, per call: on a CUDA tensor the fused Triton kernel of ``kernels/``
-(``kernels.quantize.qdq``) when Triton imports; otherwise, with ``compiled=True``, a
+(``kernels.quantize``, called by ``kernel_calls.qdq``) when Triton imports; otherwise, with ``compiled=True``, a
 torch.compile'd copy of ``blocks._qdq`` cached per format/operand/layout/shape; otherwise
 ``blocks._qdq`` itself. Every variant gives the eager reference's bits (NaN payloads aside):
 
@@ -151,14 +151,15 @@ def _run_compiled(p: torch.Tensor, spec: Format, operand: Operand, hadamard: boo
             return None
 
 
-_KERNELS: list = []  # [the kernels.quantize module] once imported, [None] when unavailable or failed
+_KERNELS: list = []  # [the kernel_calls module] once imported, [None] when unavailable or failed
 
 
 def cuda_kernels() -> types.ModuleType | None:
-    """``kernels.quantize`` for CUDA operands, or None (unavailable or failed: recorded once)."""
+    """``quantize.kernel_calls`` (the callers of ``kernels.quantize``) for CUDA operands, or None
+    (unavailable or failed: recorded once)."""
     if not _KERNELS:
         try:
-            import kernels.quantize as module
+            import megatron_snip.precision.quantize.kernel_calls as module
         except Exception as e:  # noqa: BLE001 - ImportError, or Triton failing to initialize
             fallbacks.record("Triton quantize kernels unavailable (CUDA quantizers run in PyTorch)",
                              f"{_first_line(e)}; install them with pip install -e \".[kernels]\"")

@@ -51,7 +51,6 @@ Accounting (stated so the numbers can be checked by hand):
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 from megatron_snip.config import Config
 from megatron_snip.model.shapes import (
@@ -65,11 +64,19 @@ from megatron_snip.model.shapes import (
 from megatron_snip.precision.capability import GPUS, QUANT_LINEAR_BACKENDS, GpuSpec, check_gpu_type
 from megatron_snip.precision.formats import FORMATS, FP4_FORMATS
 from megatron_snip.precision.plan import GEMMS, LINEARS, PrecisionPlan
-from megatron_snip.sizing_time import gemm_time_lines
+from megatron_snip.sizing.gemm_time import gemm_time_lines
+from megatron_snip.sizing.result import (
+    ADAM_BYTES,
+    GRAD_BYTES,
+    WEIGHT_BYTES,
+    ActivationBytes,
+    Sizing,
+    SnipSizing,
+    StageSizing,
+)
 from megatron_snip.snip.feasibility import max_fp4_share, unrunnable_gemms
 
 GIB = 1024**3
-WEIGHT_BYTES, GRAD_BYTES, ADAM_BYTES = 4, 4, 8  # fp32 master weight, fp32 grad, fp32 m + v
 GPU_ENV = "MEGATRON_SNIP_GPU"
 DEFAULT_GPU = "h100"
 
@@ -80,140 +87,6 @@ def resolve_gpu(name: str | None = None) -> GpuSpec:
     if key not in GPUS:
         raise ValueError(f"GPU type {key!r} (argument gpu or ${GPU_ENV}) is unknown; choose one of {sorted(GPUS)}")
     return GPUS[key]
-
-
-# --------------------------------------------------------------------------------------
-# Results
-# --------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class StageSizing:
-    """One pipeline stage, per rank (its TP shard).
-
-    Attributes:
-        stage: pipeline rank.
-        first_layer, last_layer: global block indices held (inclusive).
-        params: parameters held by one rank of this stage.
-        in_flight: micro-batches whose activations the stage holds at peak.
-        activation_bytes: saved activations at peak (all in-flight micro-batches, plus the
-            LM head's on the last stage).
-        flops: FLOPs one rank of this stage computes per step (its share of the global batch).
-    """
-
-    stage: int
-    first_layer: int
-    last_layer: int
-    params: int
-    in_flight: int
-    activation_bytes: int
-    flops: int
-    optimizer_shards: int = 1  # dp with the distributed optimizer, else 1
-
-
-    @property
-    def weight_bytes(self) -> int:
-        return WEIGHT_BYTES * self.params
-
-    @property
-    def grad_bytes(self) -> int:
-        return GRAD_BYTES * self.params
-
-    @property
-    def optimizer_bytes(self) -> int:
-        return -(-ADAM_BYTES * self.params // self.optimizer_shards)
-
-    @property
-    def total_bytes(self) -> int:
-        return self.weight_bytes + self.grad_bytes + self.optimizer_bytes + self.activation_bytes
-
-
-@dataclass(frozen=True)
-class SnipSizing:
-    """Size of the SNIP decision problem.
-
-    Attributes:
-        enabled: ``snip.enabled``.
-        granularity: "layer" (4 units per block) or "gemm" (12 per block).
-        formats: candidate formats.
-        units: decision units.
-        allowed: format -> number of units it is allowed on (block divisibility).
-        booleans: ILP Boolean variables (sum of ``allowed``).
-        exactly_one, fp4_floors: constraints: one per unit; global + per-stage FP4 floors.
-        max_fp4_share: the largest FP4 FLOP share the divisibility rules leave reachable.
-        time_caps: GEMM-time constraints (global + per stage) under a time target, else 0.
-        unit_kinds: per kind of unit (the same in every block): (FLOP weight K*N summed over its
-            GEMMs, the candidates its shapes allow).
-    """
-
-    enabled: bool
-    granularity: str
-    formats: tuple[str, ...]
-    units: int
-    allowed: dict[str, int]
-    booleans: int
-    exactly_one: int
-    fp4_floors: int
-    max_fp4_share: float
-    time_caps: int = 0
-    unit_kinds: tuple[tuple[int, tuple[str, ...]], ...] = ()
-
-    @property
-    def constraints(self) -> int:
-        return self.exactly_one + self.fp4_floors + self.time_caps
-
-
-@dataclass(frozen=True)
-class Sizing:
-    """Everything the dry run reports; see the module docstring for the formulas.
-
-    ``flops`` maps "qkv.fprop" ... "fc2.wgrad" (all blocks), "attention.fwd",
-    "attention.bwd", "lm_head.fprop|dgrad|wgrad" to FLOPs per step on the global batch.
-    """
-
-    world_size: int
-    tp: int
-    pp: int
-    dp: int
-    sequence_parallel: bool
-    schedule: str
-    vocab_size: int
-    vocab_source: str
-    layers_per_stage: int
-    params_total: int
-    params_embedding: int
-    params_blocks: int
-    params_head: int  # final norm + LM head
-    micro_batch: int
-    seq_len: int
-    global_batch: int
-    micro_batches: int  # per DP rank per step
-    tokens_per_step: int
-    activation_element_bytes: int
-    activation_bytes_per_token_layer: int  # per rank, after TP/SP sharding, of a block not fully recomputed
-    activations: ActivationBytes
-    stages: tuple[StageSizing, ...]
-    flops: dict[str, int]
-    snip: SnipSizing
-    gpu: GpuSpec
-    backend: str
-    formats_used: tuple[str, ...]
-    support: dict[str, tuple[bool, str]]
-
-    @property
-    def flops_total(self) -> int:
-        return sum(self.flops.values())
-
-    @property
-    def flops_linear(self) -> int:
-        return sum(v for k, v in self.flops.items() if k.split(".")[0] in LINEARS)
-
-    @property
-    def peak_stage(self) -> StageSizing:
-        return max(self.stages, key=lambda s: s.total_bytes)
-
-    @property
-    def pipeline_bubble(self) -> float:
-        """1F1B/GPipe idle fraction (pp - 1) / (m + pp - 1)."""
-        return (self.pp - 1) / (self.micro_batches + self.pp - 1)
 
 
 # --------------------------------------------------------------------------------------
@@ -288,44 +161,6 @@ def _snip_sizing(cfg: Config, tp: int, pp: int) -> SnipSizing:
         booleans=sum(allowed.values()), exactly_one=units, fp4_floors=floors, max_fp4_share=max_fp4_share(cfg, unrunnable),
         time_caps=per_level if s.target != "fp4_share" else 0, unit_kinds=kinds,
     )
-
-
-@dataclass(frozen=True)
-class ActivationBytes:
-    """What one rank's blocks save for backward, as the code saves it (module docstring, "Activations").
-
-    Attributes:
-        stored: bytes per token of a block that is not fully recomputed (selective recompute applied).
-        recomputed: bytes per token of a fully recomputed block (its fp32 input, kept by the checkpoint).
-        weight_copies_per_block: bytes of a stored block's autocast BF16 copies of the weights of
-            linears on the reference (all-BF16) path, saved for their backward: held once per step,
-            shared by every micro-batch in flight (precision/weight_copies.py).
-        mode, every: ``training.recompute`` and ``training.recompute_every``.
-    """
-
-    stored: int
-    recomputed: int
-    weight_copies_per_block: int
-    mode: str
-    every: int
-
-    @property
-    def per_token_block(self) -> int:
-        """Bytes per token of a block under ``mode`` (with "full": a recomputed one)."""
-        return self.recomputed if self.mode == "full" else self.stored
-
-    def recomputed_blocks(self, blocks: int) -> int:
-        """How many of a stage's ``blocks`` are fully recomputed (local positions 0, every, 2*every, ...)."""
-        return -(-blocks // self.every) if self.mode == "full" else 0
-
-    def stage_bytes(self, blocks: int, tokens: int) -> int:
-        """Saved bytes of ``blocks`` blocks for one micro-batch of ``tokens`` tokens (weight copies apart)."""
-        rec = self.recomputed_blocks(blocks)
-        return (rec * self.recomputed + (blocks - rec) * self.stored) * tokens
-
-    def copy_bytes(self, blocks: int) -> int:
-        """The step's weight copies of ``blocks`` blocks (none in fully recomputed ones)."""
-        return (blocks - self.recomputed_blocks(blocks)) * self.weight_copies_per_block
 
 
 def _quantized_linears(cfg: Config) -> set[str]:
@@ -547,7 +382,7 @@ def dry_run_report(cfg: Config, world_size: int, gpu: str | None = None) -> str:
         + (f" + {sn.time_caps} GEMM-time cap{'s' if sn.time_caps != 1 else ''}" if sn.time_caps else "") + ")")
     if sn.max_fp4_share < 1.0 and any(f in FP4_FORMATS for f in sn.formats):
         add(f"  block divisibility leaves at most {sn.max_fp4_share:.1%} of linear FLOPs reachable in FP4")
-    out += gemm_time_lines(cfg, s)  # sizing_time.py
+    out += gemm_time_lines(cfg, s)  # gemm_time.py
     add("")
     gpu_src = ("argument gpu" if gpu else f"${GPU_ENV}" if os.environ.get(GPU_ENV)
                else f"default; set {GPU_ENV}=" + "|".join(GPUS))

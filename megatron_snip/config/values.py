@@ -1,7 +1,7 @@
 """How config values are read and checked: the error every field's check raises, the value rules
 several sections share, and TOML values in (``coerce``, ``parse_override``) and out (``toml_value``).
 
-``config.py`` declares the sections and their cross-field rules on top of these; nothing here knows
+``sections.py`` declares the sections and their cross-field rules on top of these; nothing here knows
 a section's fields.
 """
 

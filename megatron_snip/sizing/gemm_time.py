@@ -8,14 +8,10 @@ emulated, and a warning when a plan would be slower than BF16.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from megatron_snip.config import Config, parse_time_costs
 from megatron_snip.precision.capability import gemm_time_costs
 from megatron_snip.precision.formats import FP4_FORMATS
-
-if TYPE_CHECKING:
-    from megatron_snip.sizing import Sizing
+from megatron_snip.sizing.result import Sizing
 
 
 def gemm_time_lines(cfg: Config, s: Sizing) -> list[str]:
