@@ -32,7 +32,8 @@ setup(
     ],
     extras_require={
         # transformers: the reference the HF import/export tests compare against (never imported at run time)
-        "dev": ["pytest>=7", "ml_dtypes>=0.4", "scipy>=1.10", "transformers>=4.45", "tensorboard>=2.14"],
+        "dev": ["pytest>=7", "ml_dtypes>=0.4", "scipy>=1.10", "transformers>=4.45", "tensorboard>=2.14",
+                "ruff==0.17.6"],  # CI runs ruff check . (pinned: new releases add rules)
         "gpu": ["transformer-engine[pytorch]>=2.8"],
         # Triton quantize kernels (kernels/): used on CUDA tensors; CI runs their tests on CPU
         # under the Triton interpreter. CUDA builds of torch bring a matching triton already.

@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "protocol.json").write_text(json.dumps({"command": command, **p.to_json_dict()}, indent=1))
-        kw = dict(jobs=args.jobs, threads=args.threads, timeout_s=args.timeout, keep_checkpoints=args.keep_checkpoints)
+        kw = {"jobs": args.jobs, "threads": args.threads, "timeout_s": args.timeout, "keep_checkpoints": args.keep_checkpoints}
         # In order of importance, so that what a cut leaves undone matters least: the first format
         # set (with the format-free policies), the sweep, then the other format sets.
         first = [r for r in primary if r.formats in (None, p.format_sets[0])]

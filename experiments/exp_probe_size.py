@@ -34,8 +34,8 @@ import time
 from pathlib import Path
 
 from experiments import validate_metrics as vm
-from megatron_snip.snip.controller import draw_micro_batches
 from megatron_snip.model.shapes import linear_numel, model_linear_shapes
+from megatron_snip.snip.controller import draw_micro_batches
 from megatron_snip.snip.metrics import predicted_divergence
 from megatron_snip.snip.policies import PlanContext, make_plan, policy_costs
 from megatron_snip.snip.stats import ProbeConfig, StatsCollector

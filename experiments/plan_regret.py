@@ -68,8 +68,8 @@ def regret_table(truth_dir: Path, plans: dict[str, Path], step: int, randoms: in
         return (f"| {name} | {plan.fp4_flops_share:.3f} | {value:.4f} | {value - best:+.4f} | {closed:.2f} | "
                 f"{differ} |")
 
-    lines = [f"Plans at step {step} scored with the measured divergences of `{truth_dir}` "
-             f"({snapshot['num_batches']} batches):", "",
+    lines = [(f"Plans at step {step} scored with the measured divergences of `{truth_dir}` "
+              f"({snapshot['num_batches']} batches):"), "",
              "| plan | FP4 share | measured objective | regret | closed | linears in another format than the optimum |",
              "|---|---|---|---|---|---|", row("truth-optimal", optimum)]
     lines += [row(name, plan_at(d, step)) for name, d in plans.items()]

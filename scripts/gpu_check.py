@@ -344,7 +344,8 @@ def check_bandwidth(device, smoke: bool) -> None:
         for operand in (Operand.ACTIVATION, Operand.GRADIENT):
             seeds = draw_seeds(None, device) if spec.stochastic_for(operand) else None
             hadamard = spec.wgrad_hadamard and operand is Operand.GRADIENT
-            s = timed(lambda: qdq(x, spec, operand, hadamard, False, None, seeds), device, reps, warmup)
+            s = timed(lambda spec=spec, operand=operand, hadamard=hadamard, seeds=seeds:
+                      qdq(x, spec, operand, hadamard, False, None, seeds), device, reps, warmup)
             frac = 2 * x.numel() * 4 / s / copy_bw
             line("kernel_bw", f"{fmt} {operand.value}{' +RHT' if hadamard else ''}{' +SR' if seeds is not None else ''}: "
                  f"{frac:.0%} of copy bandwidth (fp32 in/out, {x.numel() / s / 1e9:.1f} Gelem/s)",
@@ -352,7 +353,7 @@ def check_bandwidth(device, smoke: bool) -> None:
     xb = x.to(torch.bfloat16)
     for fmt in ("fp8", "fp8_block"):
         spec = get_format(fmt)
-        s = timed(lambda: scaled_operand(xb, spec, Operand.ACTIVATION, None), device, reps, warmup)
+        s = timed(lambda spec=spec: scaled_operand(xb, spec, Operand.ACTIVATION, None), device, reps, warmup)
         frac = x.numel() * (2 + 1) / s / copy_bw
         line("kernel_bw", f"{fmt} scaled-mm operand (bf16 in, float8 out): {frac:.0%} of copy bandwidth",
              "INFO" if smoke else ("OK" if frac >= 0.7 else "FAIL"))
@@ -380,7 +381,7 @@ def check_steps(device, smoke: bool) -> None:
     from megatron_snip.precision.backends.scaled_mm import scaled_mm_expected
     from megatron_snip.precision.plan import GEMMS, LINEARS, PrecisionPlan
 
-    cfg, model = _block_stack(device, smoke)
+    _cfg, model = _block_stack(device, smoke)
     b, s = (2, 128) if smoke else (4, 2048)
     vocab = model.vocab_size
     tokens = torch.randint(0, vocab, (b, s + 1), device=device)

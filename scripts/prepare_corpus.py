@@ -118,7 +118,7 @@ def fetch_deb(src: DebSource, download_dir: str) -> str:
         print(f"apt-get download {src.package}", flush=True)
         subprocess.run(["apt-get", "download", src.package], cwd=download_dir, check=True)
         debs = glob.glob(os.path.join(download_dir, f"{src.package}_*.deb"))
-    deb = sorted(debs)[-1]
+    deb = max(debs)  # the newest version (names sort by version)
     version = os.path.basename(deb).split("_")[1]
     if version.replace("%2b", "+") != src.known_version:
         print(f"note: {src.package} version {version} differs from {src.known_version} used for the recorded results; text may differ slightly", flush=True)

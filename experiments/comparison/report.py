@@ -318,8 +318,8 @@ def plan_time_section(results: Sequence[dict], p: Protocol) -> list[str]:
     if p.target != "gemm_time":
         return []
     out = ["## Modeled GEMM time of the final plans", "",
-           "Linear-GEMM time of each run's final plan over the same GEMMs in BF16, with the modeled GPU's time "
-           f"costs {list(p.time_costs)} (`extra.gemm_time_ratio` of `plans/step_N.json`).", "",
+           ("Linear-GEMM time of each run's final plan over the same GEMMs in BF16, with the modeled GPU's time "
+            f"costs {list(p.time_costs)} (`extra.gemm_time_ratio` of `plans/step_N.json`)."), "",
            "| policy | formats | budget | runs | GEMM time / BF16 (min - max over seeds) |", "|---|---|---|---|---|"]
     groups: dict[tuple, list[float]] = {}
     for r in results:

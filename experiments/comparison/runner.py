@@ -127,7 +127,7 @@ def run_all(specs: Sequence[RunSpec], p: Protocol, out_dir: Path, *, jobs: int, 
     todo = [s for s in specs if not is_done(s, p, latest)]
     if len(todo) < len(specs):
         log(f"skipping {len(specs) - len(todo)} finished run(s)")
-    kw = dict(jobs=jobs, threads=threads, timeout_s=timeout_s, keep_checkpoints=keep_checkpoints, log=log)
+    kw = {"jobs": jobs, "threads": threads, "timeout_s": timeout_s, "keep_checkpoints": keep_checkpoints, "log": log}
     done: list[dict] = []
     if p.continued:
         bases = [base_run(seed) for seed in dict.fromkeys(s.seed for s in todo)

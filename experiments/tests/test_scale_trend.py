@@ -18,11 +18,10 @@ def write_records(out_dir, losses):
     with open(out_dir / "results.jsonl", "w") as f:
         for policy, per_seed in losses.items():
             takes_formats = policy not in ("bf16", scale_trend.UNIFORM)
-            for seed, loss in per_seed.items():
-                f.write(json.dumps({
+            f.writelines(json.dumps({
                     "name": f"{policy}-s{seed}", "status": "ok", "policy": policy, "seed": seed,
                     "formats": FORMATS if takes_formats else None, "rho": 0.8 if takes_formats else None,
-                    "final": {"val_loss": loss}}) + "\n")
+                    "final": {"val_loss": loss}}) + "\n" for seed, loss in per_seed.items())
     return out_dir
 
 

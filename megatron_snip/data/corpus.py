@@ -83,7 +83,8 @@ def read_jsonl(path: str | os.PathLike, key: str = "text") -> Iterator[str]:
                 raise ValueError(f"{os.fspath(path)}:{lineno}: no {key!r} field; each line must be an object like {{\"{key}\": \"...\"}} (or pass json_key=)")
             text = obj[key]
             if not isinstance(text, str):
-                raise ValueError(f"{os.fspath(path)}:{lineno}: field {key!r} is {type(text).__name__}, expected a string")
+                # ValueError, not TypeError: a wrong type here is bad user input, which the house reports as ValueError
+                raise ValueError(f"{os.fspath(path)}:{lineno}: field {key!r} is {type(text).__name__}, expected a string")  # noqa: TRY004
             yield text
 
 

@@ -57,8 +57,8 @@ def split_documents(num_documents: int, split: str, seed: int = 1234) -> dict[st
         A positive valid/test weight gets at least one document when there are enough.
     """
     _, f_valid, f_test = parse_split(split)
-    n_valid = int(round(f_valid * num_documents))
-    n_test = int(round(f_test * num_documents))
+    n_valid = round(f_valid * num_documents)
+    n_test = round(f_test * num_documents)
     if f_valid > 0 and n_valid == 0 and num_documents >= 2:
         n_valid = 1
     if f_test > 0 and n_test == 0 and num_documents >= 3:

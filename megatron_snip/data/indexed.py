@@ -36,6 +36,7 @@ import os
 import struct
 import tempfile
 from collections.abc import Sequence
+from typing import Self
 
 import numpy as np
 
@@ -234,7 +235,7 @@ class IndexedDatasetBuilder:
             if p is not None and os.path.exists(p):
                 os.unlink(p)
 
-    def __enter__(self) -> IndexedDatasetBuilder:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -40,9 +40,22 @@ import torch
 from megatron_snip.precision.formats import FORMATS, get_format
 
 __all__ = [
-    "ARCH_NAMES", "BACKENDS", "GPUS", "PEAK_BF16_TFLOPS", "TE_MIN_COMPUTE_CAPABILITY",
-    "Capability", "GpuSpec", "check", "check_gpu_type", "peak_bf16_tflops", "require",
-    "EMULATED_GEMM_TIME_RATIO", "GEMM_TIME_RATIO", "arch_of", "device_compute_capability", "gemm_time_costs",
+    "ARCH_NAMES",
+    "BACKENDS",
+    "EMULATED_GEMM_TIME_RATIO",
+    "GEMM_TIME_RATIO",
+    "GPUS",
+    "PEAK_BF16_TFLOPS",
+    "TE_MIN_COMPUTE_CAPABILITY",
+    "Capability",
+    "GpuSpec",
+    "arch_of",
+    "check",
+    "check_gpu_type",
+    "device_compute_capability",
+    "gemm_time_costs",
+    "peak_bf16_tflops",
+    "require",
     "runs_native",
 ]
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import enum
 import functools
 import re
-from collections.abc import Iterator, Mapping, Set
+from collections.abc import Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
-
 
 # Points of the random Hadamard transform a format may apply along the wgrad reduction dim
 # (``Format.wgrad_hadamard``; TE's NVFP4 recipe uses 16).
@@ -242,7 +242,7 @@ class _FormatRegistry(Mapping):
         return len(self._base)
 
 
-class _Fp4Names(Set):
+class _Fp4Names(AbstractSet):
     """Names counted as FP4 in the FLOP share: the base FP4 formats (iteration) and their variants."""
 
     def __contains__(self, name: object) -> bool:
@@ -264,5 +264,6 @@ def get_format(name: str) -> Format:
     if isinstance(name, str) and name in _BASE_FORMATS:
         return _BASE_FORMATS[name]
     if not isinstance(name, str):
-        raise ValueError(f"precision format {name!r} must be a name (a string), one of {sorted(_BASE_FORMATS)}")
+        # ValueError, not TypeError: a wrong type here is bad user input, which the house reports as ValueError
+        raise ValueError(f"precision format {name!r} must be a name (a string), one of {sorted(_BASE_FORMATS)}")  # noqa: TRY004
     return recipe_variant(name)

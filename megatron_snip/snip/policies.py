@@ -136,7 +136,8 @@ class Policy:
 def parse_policy(spec: str) -> PolicySpec:
     """Parse and validate a policy spec (for config validation); ValueError listing the forms otherwise."""
     if not isinstance(spec, str):
-        raise ValueError(f"policy spec {spec!r} must be a string, one of {POLICY_FORMS}")
+        # ValueError, not TypeError: a wrong type here is bad user input, which the house reports as ValueError
+        raise ValueError(f"policy spec {spec!r} must be a string, one of {POLICY_FORMS}")  # noqa: TRY004
     text = spec.strip()
     name, sep, arg = text.partition(":")
     if sep and not arg:

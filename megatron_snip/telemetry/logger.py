@@ -28,7 +28,8 @@ class RunLogger:
         self._bar = None
         if is_writer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._metrics = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
+            # open for the logger's lifetime (every step appends a line); close() closes it
+            self._metrics = open(self.run_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115
             # A bar only on a terminal: in a file (a SLURM .out) it would be one line of carriage returns.
             if progress_total and sys.stderr.isatty():
                 self._bar = tqdm(total=progress_total, initial=progress_initial, unit="step", dynamic_ncols=True,

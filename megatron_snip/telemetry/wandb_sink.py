@@ -32,7 +32,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 from urllib.parse import urlparse
 
 from megatron_snip.config import Config
@@ -295,7 +295,7 @@ class WandbSink:
             raise ValueError(f"image {str(path)!r} does not exist; write it first (telemetry.plots)")
         return path
 
-    def __enter__(self) -> WandbSink:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -71,7 +71,7 @@ def _apex_adamw(groups: list[dict], **kwargs: Any) -> torch.optim.Optimizer:
 def build_optimizer(model: nn.Module, cfg: TrainingConfig, device: torch.device,
                     topo: ParallelTopology) -> torch.optim.Optimizer | DistributedOptimizer:
     groups = param_groups(model, cfg.weight_decay)
-    kwargs = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps)
+    kwargs = {"lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.adam_eps}
     if cfg.distributed_optimizer:
         return DistributedOptimizer(groups, topo, fused=device.type == "cuda", bucket_mb=cfg.grad_bucket_mb,
                                     overlap=cfg.overlap_grad_reduce, **kwargs)

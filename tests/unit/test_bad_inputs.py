@@ -191,8 +191,8 @@ def test_unwritable_directory_field(small_overrides, field):
 
 # --- item 10: plan files ---------------------------------------------------------------------------
 def _plan_json(cfg):
-    from megatron_snip.precision.plan import PrecisionPlan
     from megatron_snip.model.shapes import linear_numel, model_linear_shapes
+    from megatron_snip.precision.plan import PrecisionPlan
 
     return json.loads(PrecisionPlan.uniform("bf16", cfg.model.num_layers,
                                             linear_numel(model_linear_shapes(cfg.model))).to_json())

@@ -155,10 +155,9 @@ def test_optimal_dtype_matches_megatron():
 
 def test_builder_is_atomic_and_checks_range(tmp_path):
     prefix = tmp_path / "a"
-    with pytest.raises(ValueError, match="do not fit dtype uint16"):
-        with IndexedDatasetBuilder(prefix, np.uint16) as b:
-            b.add_document([1, 2])
-            b.add_document([70000])
+    with pytest.raises(ValueError, match="do not fit dtype uint16"), IndexedDatasetBuilder(prefix, np.uint16) as b:
+        b.add_document([1, 2])
+        b.add_document([70000])
     assert os.listdir(tmp_path) == []  # no partial files, no temp files
     with pytest.raises(ValueError, match="dtype"):
         IndexedDatasetBuilder(prefix, np.uint32)

@@ -21,15 +21,15 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-from safetensors.torch import load_file  # noqa: E402
+from safetensors.torch import load_file
 
-from megatron_snip.interop import hf  # noqa: E402
-from megatron_snip.model.llama import LlamaModel  # noqa: E402
-from megatron_snip.parallel.topology import TensorParallel  # noqa: E402
+from megatron_snip.interop import hf
+from megatron_snip.model.llama import LlamaModel
+from megatron_snip.parallel.topology import TensorParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import make_tiny_hf  # noqa: E402
-from hf_tolerance import logits_atol  # noqa: E402
+import make_tiny_hf
+from hf_tolerance import logits_atol
 
 VOCAB = 128
 

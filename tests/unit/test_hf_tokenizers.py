@@ -19,8 +19,8 @@ from megatron_snip.training.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
-import make_tiny_hf  # noqa: E402
-import preprocess_data  # noqa: E402
+import make_tiny_hf
+import preprocess_data
 
 TINY = "launch/configs/tiny.toml"
 

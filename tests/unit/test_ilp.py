@@ -253,7 +253,7 @@ def test_pareto_curve_monotone():
     assert [r for r, _ in pts] == [0.0, 0.25, 0.5, 0.75, 1.0]
     objs = [o for _, o in pts]
     assert objs[-1] == math.inf
-    assert all(x <= y + 1e-9 for x, y in zip(objs, objs[1:]))
+    assert all(x <= y + 1e-9 for x, y in itertools.pairwise(objs))
     assert objs[2] == pytest.approx(dp_oracle(p.with_target(0.5)).objective, abs=tolerance(p))
 
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from megatron_snip.config import ModelConfig
+from megatron_snip.model import shapes
 from megatron_snip.model.layers import (
     ColumnParallelLinear,
     PrecisionLinear,
@@ -20,7 +21,6 @@ from megatron_snip.model.layers import (
     shard_tensor,
     unshard_tensors,
 )
-from megatron_snip.model import shapes
 from megatron_snip.model.llama import LlamaModel, count_parameters, cross_entropy_loss
 from megatron_snip.parallel.topology import TensorParallel
 
@@ -142,8 +142,8 @@ def test_builds_on_meta_device():
 
 
 def test_plan_shape_check_uses_local_tp_shapes():
-    from megatron_snip.precision.plan import PrecisionPlan
     from megatron_snip.model.shapes import linear_numel, model_linear_shapes
+    from megatron_snip.precision.plan import PrecisionPlan
 
     plan = PrecisionPlan.uniform("mxfp4", CFG.num_layers, linear_numel(model_linear_shapes(CFG)))
     assert build().plan_shape_errors(plan, tokens=64) == []

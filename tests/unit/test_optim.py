@@ -29,7 +29,7 @@ class FakeFusedAdam(torch.optim.Optimizer):
     def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8, adam_w_mode=True,
                  weight_decay=0.0, amsgrad=False, set_grad_none=True):
         assert adam_w_mode
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
         self.set_grad_none = set_grad_none
 
     def zero_grad(self):  # apex: no set_to_none argument
@@ -84,7 +84,7 @@ def test_apex_fused_adam_behind_torch_interface(monkeypatch):
         opt.step()
         opt.zero_grad(set_to_none=True)  # apex's own zero_grad() takes no argument
         assert w.grad is None
-        m, v, count = adam_state(opt, w)  # apex keeps no per-parameter "step"
+        _m, v, count = adam_state(opt, w)  # apex keeps no per-parameter "step"
         assert count == step
     g = torch.ones_like(w)
     beta2, eps = opt.param_groups[0]["betas"][1], opt.param_groups[0]["eps"]

@@ -14,7 +14,6 @@ import json
 
 import pytest
 import torch
-
 from conftest import SMALL
 
 from megatron_snip.config import load_config

@@ -17,7 +17,7 @@ from megatron_snip.training import reshard
 from megatron_snip.training.trainer import Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import reshard_checkpoint  # noqa: E402
+import reshard_checkpoint
 
 TINY = "launch/configs/tiny.toml"
 

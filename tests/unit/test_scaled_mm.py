@@ -72,7 +72,7 @@ def test_scaled_operands_are_the_reference_quantization(fmt, kind):
             assert op.elements.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) and op.elements.is_contiguous()
             assert bits_equal(dequantize(op), quantize(view, fmt, kind)), (fmt, kind, name)
     x = input_classes(256, 256)["gaussian"]
-    shard_max = lambda a: torch.maximum(a, x.abs().amax())  # noqa: E731 - stands for a TP all-reduce MAX
+    shard_max = lambda a: torch.maximum(a, x.abs().amax())
     assert bits_equal(dequantize(quantize_scaled(x[:128], fmt, kind, amax_reduce=shard_max)),
                       quantize(x[:128], fmt, kind, amax_reduce=shard_max))
     with pytest.raises(ValueError, match="not one of"):
@@ -184,7 +184,7 @@ def test_a_refused_gemm_falls_back_without_a_second_amax_reduction(monkeypatch):
     monkeypatch.setattr(scaled_mm, "_mm", refuse)
     runner = ScaledMMGemm(cpu_reference=True)
     calls = []
-    reduce = lambda amax: calls.append(1) or amax  # noqa: E731 - stands for the TP all-reduce
+    reduce = lambda amax: calls.append(1) or amax
     g = torch.Generator().manual_seed(4)
     a, b = torch.randn(32, 64, generator=g), torch.randn(48, 64, generator=g)
     kw = {"hadamard": False, "generator": None, "compiled": False}

@@ -22,8 +22,7 @@ from megatron_snip.snip.controller import SnipController
 from megatron_snip.snip.metrics import truth_costs
 from megatron_snip.snip.policies import PlanContext, make_plan, parse_policy, policy_costs
 from megatron_snip.training.trainer import Trainer
-
-from tests.unit.test_snip_metrics import C, K, T, QuadraticTrainer
+from tests.unit.test_snip_metrics import C, K, QuadraticTrainer, T
 
 
 def _fprop_error(lin, x, fmt):

@@ -87,7 +87,7 @@ def _records(run_dir: Path) -> list[dict]:
     """The offline run's transaction log, decoded by W&B itself."""
     (log,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
     res = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", str(log), "--json"],
-                         capture_output=True, text=True, timeout=60)
+                         check=False, capture_output=True, text=True, timeout=60)
     if res.returncode != 0 and "No such command" in res.stderr:
         pytest.skip("this wandb has no `wandb leet inspect` (needs wandb >= 0.2x) to read offline runs back")
     assert res.returncode == 0, res.stderr
