@@ -1,7 +1,7 @@
 """Shapes, parameter counts and FLOPs of the Llama model, from its dimensions alone.
 
 The one home of these facts (torchtitan's ``get_nparams_and_flops``): the model builds
-its linears from ``model_linear_shapes``, the dry run (``sizing.py``) sizes memory and
+its linears from ``model_linear_shapes``, the dry run (``sizing/``) sizes memory and
 FLOPs from them, and SNIP weighs each GEMM by ``linear_numel``. Nothing here builds a
 module or touches a device.
 

@@ -27,7 +27,7 @@ Rules:
     is consulted too, so driver/cuBLAS limits surface with TE's reason.
 
 ``check`` asks about this process's device (start-up); ``check_gpu_type`` asks the
-same rules about a GPU type from ``GPUS`` without one (the dry run, ``sizing.py``).
+same rules about a GPU type from ``GPUS`` without one (the dry run, ``sizing/``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Can a format's blocks tile a GEMM's operands? The one home of the operand-shape rules.
 
 Asked once per plan - at ``Trainer.apply_plan`` through ``LlamaModel.plan_shape_errors``,
-and by the dry run (``sizing.py``) - not on every GEMM call.
+and by the dry run (``sizing/``) - not on every GEMM call.
 
 For a linear with TP-local weight W (N, K) run on T tokens (a micro-batch; the full
 sequence even under sequence parallelism), each GEMM's operands as the quantizer sees

@@ -354,7 +354,7 @@ def dry_run_report(cfg: Config, world_size: int, gpu: str | None = None) -> str:
         f"+ {a.weight_copies_per_block / 2**20:,.1f} MiB of BF16 weight copies per block (once per step) "
         f"(as the code saves them: {'BF16 autocast' if s.activation_element_bytes == 2 else 'fp32'} residual, "
         f"norms and linear inputs, {'with' if s.sequence_parallel else 'without'} sequence parallelism, "
-        f"{recompute}; see sizing.py)")
+        f"{recompute}; see sizing/dry_run.py)")
     peak = s.peak_stage
     room = s.gpu.memory_gib - peak.total_bytes / GIB
     verdict = "fits" if room >= 0.1 * s.gpu.memory_gib else ("tight" if room >= 0 else "DOES NOT FIT")

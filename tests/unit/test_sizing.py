@@ -1,4 +1,4 @@
-"""Dry-run sizing checked against hand calculations done here, independently of sizing.py.
+"""Dry-run sizing checked against hand calculations done here, independently of sizing/.
 
 The 70B figures use the published Llama-2-70B parameter count and the per-rank arithmetic
 written out number by number (TP=8, PP=8, DP=1 on 64 GPUs, micro 1 x 4096, global 1024).

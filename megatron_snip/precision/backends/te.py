@@ -35,7 +35,7 @@ What it does and does not do:
     per-shard module only borrows our Parameter and switches recipes when a re-plan changes the
     linear's format. What it costs: no FP8 all-gather under SP (the gather moves bf16, 2 bytes
     per element instead of 1), no TE userbuffer comm-GEMM overlap, and TE keeps the gathered
-    column-parallel input for backward (sizing.py counts it). Formats with a tensor scale (fp8,
+    column-parallel input for backward (sizing/ counts it). Formats with a tensor scale (fp8,
     nvfp4) under ``parallel.tp`` > 1 therefore need ``precision.tp_amax="shard"``
     (``check_run``); block-scaled formats need no cross-shard amax. The amax groups TE's
     autocast takes (``amax_reduction_group``, formerly ``fp8_group``) reach delayed scaling only,
