@@ -22,11 +22,16 @@ from megatron_snip.snip.policies import parse_policy
 REPO = Path(__file__).resolve().parents[2]  # the runs start here, so relative paths mean the same in every run
 
 FORMAT_FREE_POLICIES = ("bf16", "uniform:fp8", "uniform:nvfp4", "uniform:mxfp4")
-FORMAT_POLICIES = ("bf16_ends", "layer_type", "min_rel_err", "random", "snip", "truth")
+FORMAT_POLICIES = ("bf16_ends", "tail", "attn_protected", "mlp_only", "layer_type", "min_rel_err", "random", "snip",
+                   "truth")
 # Run only when --policies names them: the truth policy's re-plan measures every linear's divergences
 # by brute force (megatron_snip/snip/truth.py), hundreds of passes, for ablations.
 ORACLE_POLICIES = ("truth",)
-DEFAULT_POLICIES = FORMAT_FREE_POLICIES + tuple(p for p in FORMAT_POLICIES if p not in ORACLE_POLICIES)
+# The production recipes (issue #33: NVIDIA's last-blocks rule, attention protected, MLP-only FP4) run
+# only when --policies names them, so the default comparison and the recorded reports stay as they were.
+PRODUCTION_RULES = ("tail", "attn_protected", "mlp_only")
+DEFAULT_POLICIES = FORMAT_FREE_POLICIES + tuple(p for p in FORMAT_POLICIES
+                                                if p not in ORACLE_POLICIES + PRODUCTION_RULES)
 STATIC_BASELINES = ("bf16_ends", "layer_type", "random")  # candidates for the sweep's "best static baseline"
 DEFAULT_FORMAT_SETS = (("fp8", "nvfp4"), ("fp8", "mxfp4"))
 TRAIN_DOMAIN = "val_loss"

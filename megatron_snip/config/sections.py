@@ -138,7 +138,8 @@ class SnipConfig:
     """Adaptive precision: when and how to re-plan (see docs/snip.md)."""
 
     enabled: bool = False
-    # "snip", a baseline (uniform:<f>, bf16_ends:<a>,<b>, layer_type, min_rel_err, random) or the "truth" oracle
+    # "snip", a baseline (uniform:<f>, bf16_ends:<a>,<b>, tail[:<n>], attn_protected, mlp_only, layer_type,
+    # min_rel_err, random) or the "truth" oracle
     policy: str = "snip"
     fp4_target: float = 0.75  # minimum share of linear-layer FLOPs in an FP4 format
     formats: tuple[str, ...] = ("fp8", "nvfp4")  # candidate formats per decision unit
@@ -269,6 +270,11 @@ class TrainingConfig:
     keep_checkpoints: int = 2
     eval_interval: int = 50
     eval_batches: int = 4
+    # Which windows of each validation set the periodic evaluation reads: "first" (its first
+    # eval_batches x micro_batch_size windows, the same every time: cheap, and what the recorded results
+    # used) or "spread" (as many windows evenly spaced over the whole set, or all of them when it holds
+    # fewer: a figure for the domain, not for its first pages; issue #33 item 7).
+    eval_windows: str = "first"
     log_interval: int = 10
     # After a stop signal (SIGTERM/SIGUSR1/SIGINT) the run saves at a step boundary (multi-rank: up
     # to two steps later, see training/preemption.py); if it does not within this many seconds, or
@@ -291,6 +297,8 @@ class TrainingConfig:
                   "eval_interval", "eval_batches", "log_interval", "max_consecutive_skips", "keep_checkpoints")
         if self.min_lr < 0 or self.min_lr > self.lr:
             raise field_error("training.min_lr", self.min_lr, f"must be in [0, training.lr={self.lr}]")
+        if self.eval_windows not in ("first", "spread"):
+            raise field_error("training.eval_windows", self.eval_windows, "choose 'first' or 'spread'")
         if self.lr_schedule not in ("cosine", "wsd", "constant"):
             raise field_error("training.lr_schedule", self.lr_schedule, "choose 'cosine', 'wsd' or 'constant'")
         if self.preempt_grace_s < 0:

@@ -188,6 +188,31 @@ class GPTDataset:
                 f"windows/epoch={self.num_windows}, shuffle={self.shuffle}, seed={self.seed})")
 
 
+def spread_windows(num_windows: int, count: int) -> np.ndarray:
+    """``count`` window ids evenly spaced over ``[0, num_windows)`` - the middle of each of ``count``
+    equal slices - or every window when ``count >= num_windows``; (min(count, num_windows),) int64,
+    ascending and distinct. An evaluation over them measures the whole split, not its first pages."""
+    if num_windows < 0 or count < 0:
+        raise ValueError(f"num_windows={num_windows} and count={count} must be >= 0")
+    if count >= num_windows:
+        return np.arange(num_windows, dtype=np.int64)
+    return ((2 * np.arange(count, dtype=np.int64) + 1) * num_windows) // (2 * count)
+
+
+def eval_window_batches(ds: GPTDataset, batches: int, size: int, windows: str = "first") -> list[torch.Tensor]:
+    """The periodic evaluation's batches of one validation set, each (size, seq_len + 1) int64:
+    ``"first"``: samples [0, batches * size) in order (the first windows of an unshuffled set);
+    ``"spread"``: ``spread_windows`` of ``batches * size`` over the set, cut to whole batches."""
+    if windows == "first":
+        return [ds.batch(i * size, size) for i in range(batches)]
+    ids = spread_windows(ds.num_windows, batches * size)
+    usable = len(ids) // size * size
+    if usable == 0:
+        raise ValueError(f"a validation set holds {ds.num_windows} windows, fewer than one batch of "
+                         f"training.micro_batch_size={size}; lower it or give the set more text")
+    return [ds.samples(ids[i : i + size]) for i in range(0, usable, size)]
+
+
 def micro_batch_start(consumed_samples: int, micro_index: int, micro_batch_size: int, dp_rank: int, dp_size: int) -> int:
     """First global sample index of micro-batch ``micro_index`` of data-parallel rank ``dp_rank``
     in the global batch that starts at ``consumed_samples`` (Megatron's sampler layout)."""

@@ -17,6 +17,15 @@ spec                plan
                     fixed recipe and are honoured even if they miss rho (the plan's
                     ``fp4_flops_share`` says what they achieve). Without ``:a,b``: the
                     largest symmetric ends whose FP4 share is still >= rho.
+``tail``, ``tail:n``  NVIDIA's NVFP4 recipe (arXiv 2509.25149 App. E: the last blocks in BF16
+                    converge, the first ones do not): the last ``n`` blocks in the high-precision
+                    candidate (explicit counts honoured even if they miss rho); without ``:n``,
+                    the largest number of last blocks whose FP4 share is still >= rho
+``attn_protected``  Nemotron 3 Super's rule: attention's qkv and proj in the high-precision
+                    candidate, FP4 elsewhere (``layer_type:qkv,proj``: filled to rho the same way)
+``mlp_only``        MaxText's / Transformer Engine's NVFP4 recipe: FP4 only in fc1/fc2; where the
+                    MLP alone misses rho, attention GEMMs are topped up into FP4, fprop before
+                    dgrad before wgrad, from the middle blocks outward (``snip/rules.py``)
 ``layer_type[:l,..]`` keep the listed linear types (default ``fc2,proj``) in high precision,
                     everything else FP4; if that misses rho, protected linears move to FP4
                     (one decision unit at a time, from the middle blocks outward, the
@@ -33,6 +42,9 @@ rho, like the ILP policies, and a comparison runs every policy at the same share
   * ``bf16_ends`` (no counts): blocks from the ends inward (0, L-1, 1, L-2, ...), unit by unit;
   * ``layer_type``: the protected types first (ends inward, first-listed type first), then the
     others, ends inward - so a rule that overshoots rho protects more, one that misses it less;
+  * ``tail`` (no count): units from the last block backwards;
+  * ``attn_protected``: as ``layer_type:qkv,proj``;
+  * ``mlp_only``: attention units from the ends inward (wgrad, dgrad, fprop), then the MLP's;
   * ``random``: a seeded random order.
 ``min_rel_err``     the SNIP ILP with cost = measured relative quantization error of each
                     GEMM's output (the paper's local-error baseline); needs ``costs``
@@ -70,11 +82,14 @@ from megatron_snip.snip import ilp
 from megatron_snip.snip.context import PlanContext
 from megatron_snip.snip.metrics import relative_error_costs, snip_costs, truth_costs
 from megatron_snip.snip.rules import (
+    ATTENTION,
     DEFAULT_PROTECTED,
     Targets,
     bf16_ends_entries,
     layer_type_entries,
+    mlp_only_entries,
     random_entries,
+    tail_entries,
     uniform_entries,
 )
 
@@ -194,6 +209,15 @@ def _parse_bf16_ends(spec: str, text: str, arg: str | None) -> PolicySpec:
     return PolicySpec(text, "bf16_ends", ends=(int(parts[0]), int(parts[1])))
 
 
+def _parse_tail(spec: str, text: str, arg: str | None) -> PolicySpec:
+    if arg is None:
+        return PolicySpec(text, "tail")
+    if not arg.strip().isdigit():
+        raise ValueError(f"policy spec {spec!r}: expected tail:<last> with a non-negative integer, e.g. tail:4, "
+                         "or plain tail to choose the count from fp4_target")
+    return PolicySpec(text, "tail", ends=(0, int(arg)))
+
+
 def _parse_layer_type(spec: str, text: str, arg: str | None) -> PolicySpec:
     if arg is None:
         return PolicySpec(text, "layer_type", protected=DEFAULT_PROTECTED)
@@ -293,6 +317,25 @@ def _make_layer_type(ps: PolicySpec, ctx: PlanContext, costs: Costs | None,
     return _static_plan(ps, ctx, layer_type_entries(ctx, ps.protected))
 
 
+def _make_tail(ps: PolicySpec, ctx: PlanContext, costs: Costs | None,
+               previous: PrecisionPlan | None) -> PrecisionPlan:
+    _check_static(ps, ctx)
+    entries, count = tail_entries(ctx, None if ps.ends is None else ps.ends[1])
+    return _static_plan(ps, ctx, entries, tail_blocks=count)
+
+
+def _make_attn_protected(ps: PolicySpec, ctx: PlanContext, costs: Costs | None,
+                         previous: PrecisionPlan | None) -> PrecisionPlan:
+    _check_static(ps, ctx)
+    return _static_plan(ps, ctx, layer_type_entries(ctx, ATTENTION))
+
+
+def _make_mlp_only(ps: PolicySpec, ctx: PlanContext, costs: Costs | None,
+                   previous: PrecisionPlan | None) -> PrecisionPlan:
+    _check_static(ps, ctx)
+    return _static_plan(ps, ctx, mlp_only_entries(ctx))
+
+
 def _make_random(ps: PolicySpec, ctx: PlanContext, costs: Costs | None,
                  previous: PrecisionPlan | None) -> PrecisionPlan:
     _check_static(ps, ctx)
@@ -370,6 +413,9 @@ POLICIES: Mapping[str, Policy] = MappingProxyType({p.name: p for p in (
     Policy("bf16", ("bf16",), _parse_plain, _make_bf16),
     Policy("uniform", ("uniform:<format>",), _parse_uniform, _make_uniform),
     Policy("bf16_ends", ("bf16_ends", "bf16_ends:<first>,<last>"), _parse_bf16_ends, _make_bf16_ends),
+    Policy("tail", ("tail", "tail:<last>"), _parse_tail, _make_tail),
+    Policy("attn_protected", ("attn_protected",), _parse_plain, _make_attn_protected),
+    Policy("mlp_only", ("mlp_only",), _parse_plain, _make_mlp_only),
     Policy("layer_type", ("layer_type", "layer_type:<linear>[,<linear>...]"), _parse_layer_type, _make_layer_type),
     Policy("random", ("random",), _parse_plain, _make_random),
     Policy("min_rel_err", ("min_rel_err",), _parse_plain, _ilp_plan, statistics="errors",

@@ -1,4 +1,5 @@
-"""The static policies' rules (``bf16_ends``, ``layer_type``, ``random``, ``uniform``): which GEMMs go
+"""The static policies' rules (``bf16_ends``, ``tail``, ``layer_type``, ``attn_protected``, ``mlp_only``,
+``random``, ``uniform``): which GEMMs go
 to the fast candidate, as entries GemmId -> format. ``snip/policies.py`` documents each rule and
 turns the entries into plans.
 
@@ -22,6 +23,7 @@ from megatron_snip.snip import problem
 from megatron_snip.snip.context import PlanContext
 
 DEFAULT_PROTECTED = ("fc2", "proj")  # layer_type's protected linears
+ATTENTION = ("qkv", "proj")  # attn_protected's protected linears; the linears mlp_only keeps out of FP4
 
 
 class Targets:
@@ -84,6 +86,70 @@ def bf16_ends_entries(ctx: PlanContext, ends: tuple[int, int] | None) -> tuple[d
             else:
                 break
     return _by_layer(ctx, _ends(num_layers, first, last)), (first, last)
+
+
+def tail_entries(ctx: PlanContext, count: int | None) -> tuple[dict[GemmId, str], int]:
+    """The last blocks in the high-precision candidate, every other block FP4 (NVIDIA's NVFP4 recipe,
+    arXiv 2509.25149 App. E: keeping the last blocks in BF16 converges where the first ones do not).
+
+    ``count``: exactly the last ``count`` blocks (a fixed recipe, honoured even if it misses rho).
+    None: with ``fair_share`` every unit starts FP4 and units are protected from the last block
+    backwards (L-1, L-2, ..., unit by unit) while the stage still meets the targets; without it, the
+    largest number of last blocks that still meets them. Returns (entries, whole blocks protected)."""
+    num_layers = ctx.num_layers
+    if count is not None:
+        if count > num_layers:
+            raise ValueError(f"policy tail:{count} keeps {count} blocks in high precision but the model has only "
+                             f"num_layers={num_layers}; choose a count <= {num_layers}")
+        return _by_layer(ctx, _ends(num_layers, 0, count)), count
+    if ctx.fair_share:
+        entries = _protect_down_to_target(ctx, sorted(_units(ctx), key=lambda u: -u[0].layer))
+        whole = next((i for i in range(num_layers)
+                      if not all(f == ctx.high_format for g, f in entries.items() if g.layer == num_layers - 1 - i)),
+                     num_layers)
+        return entries, whole
+    count = 0
+    for n in range(1, num_layers + 1):
+        if not Targets(ctx).meets(_by_layer(ctx, _ends(num_layers, 0, n))):
+            break
+        count = n
+    return _by_layer(ctx, _ends(num_layers, 0, count)), count
+
+
+# mlp_only's top-up order within a block: forward GEMMs first (the SNIP method note: most of FP4's harm
+# comes through the backward GEMMs), then dgrad, then wgrad.
+_TOP_UP_GEMM = {"fprop": 0, "dgrad": 1, "wgrad": 2}
+
+
+def mlp_only_entries(ctx: PlanContext) -> dict[GemmId, str]:
+    """FP4 only in the MLP (fc1, fc2), attention (qkv, proj) in the high-precision candidate: MaxText's
+    and Transformer Engine's NVFP4 recipes (``quantization`` applied to the MLP GEMMs only).
+
+    Where the MLP alone misses rho, attention units are topped up into FP4 by a stated rule: forward
+    GEMMs before dgrad before wgrad (with ``granularity = "layer"``, whole linears), each from the
+    middle blocks outward (the ends, which NVIDIA's recipe protects, go last). With ``fair_share`` the
+    same rule read backwards is the order of protection: attention units from the ends inward, wgrad
+    first, then the MLP's units from the ends inward, each while the stage meets the targets."""
+    block = {layer: i for i, layer in enumerate(_ends_inward(ctx.num_layers))}
+    attention = [u for u in _units(ctx) if u[0].linear in ATTENTION]
+    # protection order of the attention units: the reverse of the top-up order
+    attention.sort(key=lambda u: (-_TOP_UP_GEMM[u[0].gemm] if len(u) == 1 else 0, block[u[0].layer]))
+    if ctx.fair_share:
+        mlp = sorted((u for u in _units(ctx) if u[0].linear not in ATTENTION), key=lambda u: block[u[0].layer])
+        return _protect_down_to_target(ctx, attention + mlp)
+    hi, lo = ctx.high_format, ctx.fp4_format
+    entries = {g: hi if g.linear in ATTENTION else lo for g in all_gemm_ids(ctx.num_layers)}
+    targets = Targets(ctx)
+    if targets.meets(entries):
+        return entries
+    top_up = attention[::-1]
+    already = sum(ctx.linear_numel[g.linear] for g, f in entries.items() if f == lo)
+    k = _prefix_to_meet(top_up, ctx.linear_numel, _need(entries, ctx.linear_numel, ctx.fp4_target) - already)
+    for unit in top_up[:k]:
+        for g in unit:
+            entries[g] = lo
+    _move_until_met(entries, top_up[k:], lo, targets, entries)
+    return entries
 
 
 def _protect_down_to_target(ctx: PlanContext, order: list[tuple[GemmId, ...]]) -> dict[GemmId, str]:

@@ -35,7 +35,7 @@ import torch
 
 from megatron_snip.atomic_io import atomic_write_text
 from megatron_snip.config import Config
-from megatron_snip.data.dataset import GPTDataset
+from megatron_snip.data.dataset import GPTDataset, eval_window_batches
 from megatron_snip.data.pipeline import DataBundle, build_data
 from megatron_snip.model.llama import LlamaModel
 from megatron_snip.model.shapes import linear_numel, model_linear_shapes
@@ -370,15 +370,15 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Mean validation loss over ``eval_batches`` fixed batches per validation set, in the current plan."""
+        """Mean validation loss over ``eval_batches`` fixed batches per validation set, in the current plan:
+        its first windows, or windows spread over the whole set (``training.eval_windows``)."""
         t = self.cfg.training
         out = {}
         self.model.eval()
         for name, ds in self.data.valid.items():
             losses = []
-            for i in range(t.eval_batches):
-                tokens = ds.batch(i * t.micro_batch_size, t.micro_batch_size).to(self.device)
-                losses.append(float(self.evaluate_batch(tokens)))
+            for batch in eval_window_batches(ds, t.eval_batches, t.micro_batch_size, t.eval_windows):
+                losses.append(float(self.evaluate_batch(batch.to(self.device))))
             key = "val_loss" if name == "valid" else f"val_loss_{name}"
             out[key] = sum(losses) / len(losses)
         self.model.train()

@@ -33,8 +33,10 @@ from megatron_snip.data.dataset import (
     GPTDataset,
     build_datasets,
     eval_micro_batches,
+    eval_window_batches,
     parse_split,
     split_documents,
+    spread_windows,
 )
 from megatron_snip.data.indexed import (
     IndexedDataset,
@@ -496,3 +498,29 @@ def test_preprocess_data_script(tmp_path, capsys):
     assert stats["bytes_per_token"] > 1.0 and "bytes/token" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         pp.main(["--input", str(src), "--output-prefix", str(tmp_path / "x"), "--tokenizer", "bpe"])
+
+
+def test_spread_windows_are_evenly_spaced_distinct_and_cover_a_small_set():
+    ids = spread_windows(1000, 8)
+    np.testing.assert_array_equal(ids, [62, 187, 312, 437, 562, 687, 812, 937])  # middles of 8 slices of 125
+    np.testing.assert_array_equal(spread_windows(5, 8), np.arange(5))  # fewer windows than asked: all of them
+    for n, k in [(1000, 1024), (1025, 1024), (7, 3), (64, 64)]:
+        ids = spread_windows(n, k)
+        assert len(ids) == min(n, k) and np.all(np.diff(ids) > 0) and ids[0] >= 0 and ids[-1] < n
+    with pytest.raises(ValueError, match="count=-1"):
+        spread_windows(10, -1)
+
+
+def test_eval_window_batches_first_is_the_old_evaluation_and_spread_reaches_the_end(tmp_path):
+    gpt = GPTDataset(_build(tmp_path / "c", _docs(40)), 8, eod_id=999, shuffle=False)
+    first = eval_window_batches(gpt, 2, 4, "first")
+    assert [b.tolist() for b in first] == [gpt.batch(0, 4).tolist(), gpt.batch(4, 4).tolist()]
+    spread = eval_window_batches(gpt, 2, 4, "spread")
+    whole = gpt.batch(0, len(gpt))
+    ids = spread_windows(len(gpt), 8)
+    assert torch.equal(torch.cat(spread), whole[ids])
+    assert ids[-1] >= len(gpt) * 7 // 8  # the last slice of the set is read
+    everything = eval_window_batches(gpt, 10_000, 4, "spread")  # asks for more than there is: whole batches of all
+    assert sum(len(b) for b in everything) == len(gpt) // 4 * 4
+    with pytest.raises(ValueError, match="micro_batch_size=4096"):
+        eval_window_batches(gpt, 1, 4096, "spread")

@@ -27,7 +27,7 @@ NUM_LAYERS = 6
 # TinyLlama-like block: d=2048, ffn 5632, 32 heads, 4 KV heads.
 NUMEL = model_shapes.linear_numel(model_shapes.linear_shapes(2048, 5632, 32, 4))
 STAGES = {layer: layer // 3 for layer in range(NUM_LAYERS)}
-TARGETED = ["bf16_ends", "layer_type", "layer_type:fc2", "layer_type:fc2,proj,qkv", "random", "min_rel_err", "snip"]
+TARGETED = ["bf16_ends", "tail", "attn_protected", "mlp_only", "layer_type", "layer_type:fc2", "layer_type:fc2,proj,qkv", "random", "min_rel_err", "snip"]
 EXEMPT = ["bf16", "uniform:fp8"]
 
 
@@ -222,7 +222,8 @@ def test_registry_says_which_statistics_each_policy_needs():
     passes (curvature, propagation), the local-error baseline only pass 1, the truth oracle its own
     measurements, the rest nothing."""
     assert {name: p.statistics for name, p in POLICIES.items()} == {
-        "bf16": None, "uniform": None, "bf16_ends": None, "layer_type": None, "random": None,
+        "bf16": None, "uniform": None, "bf16_ends": None, "tail": None, "attn_protected": None, "mlp_only": None,
+        "layer_type": None, "random": None,
         "min_rel_err": "errors", "snip": "all", "truth": "truth"}
     assert all(parse_policy(form.split(":<")[0] if ":<" in form else form).name == name
                for name, p in POLICIES.items() for form in p.forms if form != "uniform:<format>")
