@@ -2,11 +2,11 @@
 
     python -m experiments.ablation_table --bf16 runs/ablation/main \\
         --row "default=runs/ablation/main:snip:fp8_block,fp4_block" \\
-        --row "granularity gemm=runs/ablation/gemm:snip:fp8_block,fp4_block" --out docs/results_ablation/table.md
+        --row "granularity gemm=runs/ablation/gemm:snip:fp8_block,fp4_block" --out docs/results/ablation/table.md
 
 Each ``--row NAME=OUT_DIR:POLICY[:FORMATS[@RHO]]`` names the runs of ``POLICY`` (a policy with an
 argument written whole, ``uniform:fp4_block``; with candidate formats ``FORMATS``, comma-separated; omitted for format-free policies; ``@RHO`` picks one FP4
-target where the out-dir holds several, as ``docs/results/`` does) in the comparison driver's
+target where the out-dir holds several, as ``docs/results/comparison/`` does) in the comparison driver's
 out-dir ``OUT_DIR`` (its ``results.jsonl``: the latest ok record of each run). The first row is the
 reference. Per validation domain the table gives each row's paired Δ of the final loss against the
 reference's run of the same seed (mean ± standard error over the seeds both have, and how many),

@@ -1,14 +1,14 @@
 """Policy comparison: train one model from the same seeds under each precision policy, then report.
 
     python -m experiments.compare_policies --dry-list      # planned runs + estimated time
-    python -m experiments.compare_policies                 # run (resumable) and write docs/results.md
+    python -m experiments.compare_policies                 # run (resumable) and write docs/results/comparison/results.md
     python -m experiments.compare_policies --report-only   # rewrite the report from results.jsonl
 
 Protocol (every option below has a default; ``--dry-list`` prints the resolved plan):
 
 * **Model and tokens** (default): tiny.toml with 8 blocks, d=128, ffn 384 (1.66M parameters),
   8 x 128-token sequences per step, 500 steps = 0.51M tokens per run; 3 seeds; 54 runs.
-  ``--dry-list`` estimates the wall time (what it took here: docs/results.md).
+  ``--dry-list`` estimates the wall time (what it took here: docs/results/comparison/results.md).
 * **Policies** (``snip/policies.py``): ``bf16``, ``uniform:fp8``, ``uniform:nvfp4``,
   ``uniform:mxfp4`` - these do not depend on the candidate formats and run once per seed - and
   ``bf16_ends``, ``layer_type``, ``min_rel_err``, ``random``, ``snip``, which run once per
@@ -50,7 +50,7 @@ invocation.
 
 The pieces live in ``experiments/comparison/``: ``protocol`` (run list and per-run config),
 ``runner`` (subprocesses), ``store`` (results.jsonl, resume), ``estimate`` (``--dry-list``),
-``aggregate`` (statistics over seeds), ``report`` and ``figures`` (docs/results.md).
+``aggregate`` (statistics over seeds), ``report`` and ``figures`` (docs/results/comparison/results.md).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ from experiments.comparison.protocol import (
     primary_runs,
     sweep_runs,
 )
-from experiments.comparison.report import write_report
+from experiments.comparison.report import OVERHEADS_JSON, VALIDATION_DIR, write_report
 from experiments.comparison.runner import run_all
 from experiments.comparison.store import best_static_baseline, current_results, latest_records, read_results
 from megatron_snip.config import load_config
@@ -147,10 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--eval-interval", type=int, default=d.eval_interval)
     ap.add_argument("--eval-batches", type=int, default=d.eval_batches)
     ap.add_argument("--out-dir", default="runs/compare")
-    ap.add_argument("--report", default="docs/results.md")
+    ap.add_argument("--report", default="docs/results/comparison/results.md")
     ap.add_argument("--appendix", default=None, metavar="MD",
                     help="an earlier report in the --report folder, included at the end of this one (e.g. "
-                         "docs/results_from_scratch.md)")
+                         "docs/results/comparison/results_from_scratch.md)")
     ap.add_argument("--jobs", type=int, default=2, help="training processes at once")
     ap.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each training process")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds before one run is killed")
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         records = read_results(results_path)
     appendix = Path(args.appendix) if args.appendix else None
     report = write_report(current_results(p, records), p, Path(args.report), command=command, all_records=records,
-                          appendix=appendix)
+                          appendix=appendix, overheads=OVERHEADS_JSON, validation=VALIDATION_DIR)
     print(f"wrote {report}")
     return 0
 

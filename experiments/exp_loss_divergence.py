@@ -1,6 +1,6 @@
 """Why SNIP's loss divergence ranks linears poorly, and which estimator ranks them well (#25 item 2).
 
-    python -m experiments.exp_loss_divergence --seed 21 --out docs/validation/loss_divergence/seed21.json
+    python -m experiments.exp_loss_divergence --seed 21 --out docs/results/validation/loss_divergence/seed21.json
 
 On the comparison's model (``experiments.comparison.protocol.DEFAULT_SETS``: 8 blocks, d=128, 32
 linears) trained in BF16 for --steps at constant LR (the continued protocol's base checkpoint; a
@@ -18,7 +18,7 @@ run directory per seed under --run-root, resumed when present), with candidates 
    (``FORMULAS``: which first-order term, with or without the curvature term), each scored by its
    Spearman correlation with the truth per format and pooled.
 
-Seeds used here are development seeds: nothing reported in docs/results*.md (seeds 1-4) is used.
+Seeds used here are development seeds: nothing reported under docs/results/ (seeds 1-4) is used.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Scale trend: one comparison's policies at several model sizes, side by side.
 
-    python -m experiments.scale_trend --size "1.66M=docs/results" --size "6.46M=docs/results_4x" \\
-        --formats fp8_block,fp4_block --rho 0.8 --out docs/results_scale.md
+    python -m experiments.scale_trend --size "1.66M=docs/results/comparison" --size "6.46M=docs/results/scale_4x" \\
+        --formats fp8_block,fp4_block --rho 0.8 --out docs/results/scale_trend/results_scale.md
 
 Each ``--size NAME=OUT_DIR`` names a comparison driver's out-dir (its ``results.jsonl``: the latest
-ok record of each run; ``docs/results/`` and ``docs/results_4x/`` hold the committed ones). Per
+ok record of each run; ``docs/results/comparison/`` and ``docs/results/scale_4x/`` hold the committed ones). Per
 validation domain and size the page gives, for every policy of ``--policies`` run at ``--formats``
 and ``--rho``:
 
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="write the page here (default: print it)")
     args = ap.parse_args(argv)
     command = shlex.join(["python", "-m", "experiments.scale_trend", *(sys.argv[1:] if argv is None else argv)])
-    return emit_page(lambda: page([named_path("--size", s, "1.66M=docs/results") for s in args.size],
+    return emit_page(lambda: page([named_path("--size", s, "1.66M=docs/results/comparison") for s in args.size],
                                   tuple(args.formats.split(",")), args.rho,
                                   [p for p in args.policies.split(";") if p], command), args.out)
 

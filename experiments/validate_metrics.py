@@ -1,6 +1,6 @@
 """Check SNIP's predicted divergences against measured ground truth (docs/snip.md, "How we check it").
 
-    python -m experiments.validate_metrics --steps 300 --out docs/validation
+    python -m experiments.validate_metrics --steps 300 --out docs/results/validation
 
 1. Trains `tiny` in BF16 for --steps (or resumes the run in --run-dir if it has a checkpoint).
 2. Collects SNIP statistics on probe batches of training data, as the controller does.
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="sequences per probe micro-batch (snip.probe_micro_batch_size; 0 = training micro-batch)")
     ap.add_argument("--noise-draws", type=int, default=2)
     ap.add_argument("--truth-batches", type=int, default=8, help="held-out batches for the ground truth")
-    ap.add_argument("--out", default="docs/validation")
+    ap.add_argument("--out", default="docs/results/validation")
     args = ap.parse_args(argv)
 
     formats = tuple(args.formats.split(","))

@@ -1,1 +1,1 @@
-"""The policy comparison behind docs/results.md, in pieces; ``experiments/compare_policies.py`` is its command line."""
+"""The policy comparison behind docs/results/comparison/results.md, in pieces; ``experiments/compare_policies.py`` is its command line."""

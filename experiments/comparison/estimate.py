@@ -33,7 +33,7 @@ class CostModel:
 
     step_s: float
     startup_s: float = 10.0
-    # Measured in the recorded default comparison (docs/results.md, "Cost": compiled quantizers, two
+    # Measured in the recorded default comparison (docs/results/comparison/results.md, "Cost": compiled quantizers, two
     # 1-thread jobs): mean train seconds of the uniform runs over the BF16 runs', and the re-plan time.
     emulation: Mapping[str, float] = field(default_factory=lambda: {"bf16": 1.0, "fp8": 1.30, "nvfp4": 1.64, "mxfp4": 1.41})
     replan_steps: float = 32.0  # one statistics re-plan, in BF16 training steps (same measurement)

@@ -42,7 +42,7 @@ def test_no_verdict_from_two_pairs(tmp_path):
 
 
 def test_several_targets_need_a_rho(tmp_path):
-    """An out-dir with runs at two FP4 targets (as docs/results/): without @RHO the table refuses to
+    """An out-dir with runs at two FP4 targets (as docs/results/comparison/): without @RHO the table refuses to
     mix them; with it, it takes that target's runs only."""
     fs = ["fp8_block", "fp4_block"]
     _records(tmp_path / "main", [("snip", fs, s, 1.0, "ok") for s in (1, 2, 3)], rho=0.8)

@@ -484,6 +484,28 @@ def test_report_text_is_unchanged_by_the_split(tmp_path, monkeypatch):
     assert text == expected
 
 
+
+def test_report_in_a_study_folder_reads_the_shared_inputs(tmp_path, monkeypatch):
+    """The driver's layout: the report in docs/results/<study>/ (its discussion and figures beside it),
+    the benchmark JSON and the validation summary passed from where they live: the same text as
+    data/report_expected.md, which was written with all three beside the report."""
+    results = fake_results(tmp_path)
+    write_report_inputs(tmp_path / "docs")
+    study = tmp_path / "docs" / "results" / "comparison"
+    study.mkdir(parents=True)
+    (tmp_path / "docs" / report_writer.DISCUSSION_FILE).rename(study / report_writer.DISCUSSION_FILE)
+    p = small_protocol(seeds=(1, 2, 3), format_sets=(MX,), sweep_rhos=(0.5, 0.75), sweep_format_sets=(MX,))
+    records = results + [dict(results[0], name="x_seed1", status="failed")]
+    expected = (Path(__file__).parent / "data" / "report_expected.md").read_text()
+    monkeypatch.chdir(tmp_path)
+    text = report_writer.write_report(results, p, Path("docs/results/comparison/results.md"),
+                                      command="python -m experiments.compare_policies X", all_records=records,
+                                      overheads=Path("docs/overheads.json"),
+                                      validation=Path("docs/validation")).read_text()
+    assert text == expected
+    assert report_writer.OVERHEADS_JSON == Path("docs/overheads.json")
+    assert report_writer.VALIDATION_DIR == Path("docs/results/validation")
+
 # --- one real end-to-end run through the subprocess path ----------------------------------------
 def _small_corpus(path: Path, first_doc: int, n_docs: int) -> Path:
     """A few KB of real text (slices of the bundled sample) so the runs tokenize in no time."""

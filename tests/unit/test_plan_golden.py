@@ -3,7 +3,7 @@ must leave today's plans bit-identical).
 
 Two checks: the golden plans of ``plan_golden.py`` (static and ILP policies, written before the
 change), and a replay of the static plans recorded in the committed comparison
-(``docs/results/results.jsonl``): each record's config rebuilt into a plan gives the FP4 share
+(``docs/results/comparison/results.jsonl``): each record's config rebuilt into a plan gives the FP4 share
 the run logged.
 """
 
@@ -19,7 +19,7 @@ from megatron_snip.model import shapes as model_shapes
 from megatron_snip.snip.policies import PlanContext, make_plan
 from tests.unit import plan_golden
 
-RECORDS = Path(__file__).parents[2] / "docs" / "results" / "results.jsonl"
+RECORDS = Path(__file__).parents[2] / "docs" / "results" / "comparison" / "results.jsonl"
 
 
 def test_golden_fp4_share_plans_unchanged():
