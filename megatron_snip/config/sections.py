@@ -155,7 +155,7 @@ class SnipConfig:
     # Direction of the forward noise: "gaussian" (isotropic: mean curvature along Y) or "error" (±the
     # harshest format's own e_Y: curvature along the error priced). docs/snip.md, "Forward-noise pass".
     # The default and every shipped config stay on "gaussian": "error" ranked the curvature part better
-    # on two development seeds (docs/validation/loss_divergence/summary.md) but has no training win
+    # on two development seeds (docs/results/validation/loss_divergence/summary.md) but has no training win
     # yet, and switching would change SNIP's plans and void the recorded comparisons
     # (comparison.protocol.same_config). Opt in with --set snip.curvature_noise=error.
     curvature_noise: str = "gaussian"
