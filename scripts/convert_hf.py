@@ -22,10 +22,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import torch  # noqa: E402
+import torch
 
-from megatron_snip.config import config_from_dict, load_config  # noqa: E402
-from megatron_snip.interop import hf  # noqa: E402
+from megatron_snip.config import config_from_dict, load_config
+from megatron_snip.interop import hf
 
 
 def hf_training_config(hf_dir: str, base: str | None, overrides: list[str]):
@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{cfg.model.vocab_size}, training.init_from={cfg.training.init_from}")
         else:
             out = hf.export_checkpoint(args.checkpoint, args.out, dtype=getattr(torch, args.dtype),
-                                       max_shard_bytes=int(args.max_shard_gb * 2**30))
+                                       max_shard_bytes=int(args.max_shard_gb * 2**30),
+                                       report=lambda line: print(f"note: {line}", file=sys.stderr))
             print(f"wrote {out}: " + ", ".join(sorted(f.name for f in out.iterdir())))
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
