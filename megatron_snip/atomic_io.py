@@ -11,11 +11,15 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a failed write leaves nothing behind, not a stray temp file
+        raise
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -50,4 +54,20 @@ def ensure_writable_dir(path: str | Path, field: str) -> Path:
     except OSError as e:
         raise ValueError(f"config {field}={str(path)!r} is not a writable directory ({type(e).__name__}: "
                          f"{e.strerror or e}); choose a directory you can write to") from None
+    return path
+
+
+def check_writable_file(path: str | Path, what: str) -> Path:
+    """Refuse, before any work is done, an output file ``path`` (named ``what`` in the message, e.g.
+    ``--out``) that could not be written: a directory there, a parent that is a file, no write
+    access. Missing parent folders are fine (``atomic_write_bytes`` creates them)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{what} {str(path)!r} is a directory, not a file; give a file path (e.g. {path / 'eval.json'})")
+    parent = next(p for p in path.parents if p.exists()) if not path.parent.exists() else path.parent
+    if not parent.is_dir():
+        raise ValueError(f"{what} {str(path)!r}: {parent} is a file, not a directory; choose another {what}")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ValueError(f"{what} {str(path)!r}: {path if path.exists() else parent} is not writable; choose "
+                         f"another {what}")
     return path

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -66,12 +67,16 @@ def eval_config(checkpoint: str, plan_spec: str, overrides: list[str], run_dir: 
     from megatron_snip.config import load_config
     from megatron_snip.training import checkpoint as ckpt
     from megatron_snip.training import reshard
+    from megatron_snip.training.checkpoint_reader import open_checkpoint
 
-    root, step = reshard.resolve_checkpoint(checkpoint, "--checkpoint")
+    opened = open_checkpoint(checkpoint, "--checkpoint")  # sha256 of every shard; the newest that verifies
+    root, step = opened.root, opened.step
+    if os.environ.get("RANK", "0") == "0":  # which checkpoint, said once (torchrun sets RANK)
+        print(opened.note, file=sys.stderr)
     run_cfg = root.parent / "config.toml"
     reshard.run_config(root)  # a clear error when the run's config.toml is missing
-    if plan_spec == "checkpoint":
-        plan = ckpt.read_shard(root, step, 0, 0, mmap=True)["plan"]
+    if plan_spec == "checkpoint":  # only the plan is read here: the weights are checked when loaded
+        plan = ckpt.read_shard(root, step, 0, 0, mmap=True, finite=False)["plan"]
         plan_spec = str(Path(run_dir) / "checkpoint_plan.json")
         Path(plan_spec).write_text(json.dumps(plan))
     forced = [f"training.init_from={json.dumps(str(ckpt.step_dir(root, step)))}", "training.init_optimizer=false",
@@ -113,13 +118,17 @@ def evaluate_domains(trainer: Any, domains: dict[str, Any], max_sequences: int) 
 
 def run(args: argparse.Namespace, topo_factory: Any = None) -> dict[str, Any]:
     """Evaluate as ``args`` say on this rank; returns the results (also printed and written by rank 0)."""
+    from megatron_snip.atomic_io import check_writable_file
     from megatron_snip.data.dataset import GPTDataset
     from megatron_snip.data.pipeline import open_indexed
+    from megatron_snip.training import checkpoint as ckpt
     from megatron_snip.training.trainer import Trainer
 
     corpora = parse_corpora(args.valid_corpus)
     if args.max_sequences < 0:
         raise ValueError(f"--max-sequences={args.max_sequences}: give a number >= 0 (0 = the whole domain)")
+    if args.out:
+        check_writable_file(args.out, "--out")  # before the evaluation, not after it
     with tempfile.TemporaryDirectory(prefix="megatron_snip_eval_") as tmp:
         cfg, root, step = eval_config(args.checkpoint, args.plan, args.overrides, tmp)
         topo = topo_factory(cfg) if topo_factory is not None else None
@@ -129,18 +138,19 @@ def run(args: argparse.Namespace, topo_factory: Any = None) -> dict[str, Any]:
             for name, path in corpora.items():
                 idx = open_indexed(path, trainer.data.tokenizer, cfg.data, check_ids=trainer.is_writer,
                                    field=f"--valid-corpus {name}")
-                domains[name] = GPTDataset(idx, cfg.training.seq_len, trainer.data.tokenizer.eod_id, shuffle=False)
+                domains[name] = GPTDataset(idx, cfg.training.seq_len, trainer.data.tokenizer.eod_id, shuffle=False,
+                                           label=f"--valid-corpus {name}={path}")
             if not domains:
                 raise ValueError("nothing to evaluate: give --valid-corpus NAME=PATH or drop --no-held-out")
             results = evaluate_domains(trainer, domains, args.max_sequences)
             plan = trainer.plan
         finally:
             trainer.logger.close()
-    report = {"checkpoint": str(root.parent.parent), "step": step, "plan": args.plan, "plan_policy": plan.policy,
+    report = {"checkpoint": str(ckpt.step_dir(root, step)), "step": step, "plan": args.plan, "plan_policy": plan.policy,
               "fp4_share": plan.fp4_flops_share, "layout": trainer.topo.describe().split(" | ")[0],
               "autocast": str(trainer.autocast_dtype), "domains": results}
     if trainer.is_writer:
-        print(f"checkpoint {root.parent.parent} step {step}, plan {args.plan} (FP4 share {plan.fp4_flops_share:.2f}), "
+        print(f"checkpoint {ckpt.step_dir(root, step)} step {step}, plan {args.plan} (FP4 share {plan.fp4_flops_share:.2f}), "
               f"{report['layout']}")
         width = max(len(n) for n in results)
         for name, r in results.items():

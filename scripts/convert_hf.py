@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{cfg.model.vocab_size}, training.init_from={cfg.training.init_from}")
         else:
             out = export_checkpoint(args.checkpoint, args.out, dtype=getattr(torch, args.dtype),
-                                       max_shard_bytes=int(args.max_shard_gb * 2**30))
+                                    max_shard_bytes=int(args.max_shard_gb * 2**30),
+                                    report=lambda line: print(f"note: {line}", file=sys.stderr))
             print(f"wrote {out}: " + ", ".join(sorted(f.name for f in out.iterdir())))
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)

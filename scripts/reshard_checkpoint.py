@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 from megatron_snip.atomic_io import atomic_write_text
-from megatron_snip.training import checkpoint as ckpt
 from megatron_snip.training import reshard
+from megatron_snip.training.checkpoint_reader import open_checkpoint
 
 
 def _check_out(out_run: Path, src_run: Path) -> None:
@@ -44,8 +44,9 @@ def main(argv: list[str] | None = None) -> int:
         for flag, val in (("--tp", args.tp), ("--pp", args.pp)):
             if val < 1:
                 raise ValueError(f"{flag}={val} must be a positive integer")
-        root, step = reshard.resolve_checkpoint(args.checkpoint)
-        ckpt.verify(root, step)
+        opened = open_checkpoint(args.checkpoint, "checkpoint")  # sha256 of every shard (the newest that verifies)
+        root, step = opened.root, opened.step
+        print(f"note: {opened.note}", file=sys.stderr)
         full = reshard.read_full(root, step)
         reshard.check_layout(full.cfg, full.vocab_size, args.tp, args.pp)
         out_root = root

@@ -87,6 +87,8 @@ class GPTDataset:
         documents: sorted document ids to use (default: all), e.g. from ``split_documents``.
         seed: window-order seed; epoch e uses permutation rng([seed, e]).
         shuffle: False keeps windows in stream order (validation).
+        label: what the user called this data (e.g. ``config data.train_path source 'a.jsonl'``),
+            for the error when it holds less than one window.
     """
 
     def __init__(
@@ -97,6 +99,7 @@ class GPTDataset:
         documents: np.ndarray | None = None,
         seed: int = 1234,
         shuffle: bool = True,
+        label: str = "",
     ) -> None:
         if not isinstance(seq_len, int) or seq_len < 1:
             raise ValueError(f"seq_len={seq_len!r} must be a positive int")
@@ -125,8 +128,9 @@ class GPTDataset:
         self.num_windows = max((self.num_tokens - 1) // seq_len, 0)
         if self.num_windows < 1:
             raise ValueError(
-                f"the selected {len(documents)} documents hold {self.num_tokens} tokens, fewer than "
-                f"seq_len + 1 = {seq_len + 1}; use a shorter seq_len or more text"
+                f"{label or 'corpus'} ({indexed.prefix}.bin): the selected {len(documents)} documents hold "
+                f"{self.num_tokens} tokens, fewer than seq_len + 1 = {seq_len + 1} (training.seq_len); use a shorter "
+                f"training.seq_len or give it more text"
             )
         self._perm_cache: OrderedDict[int, np.ndarray] = OrderedDict()
 
@@ -304,21 +308,27 @@ def build_datasets(
     split: str = "98,2",
     seed: int = 1234,
     extra_valid: Mapping[str, IndexedDataset] | None = None,
+    label: str = "",
 ) -> dict[str, GPTDataset]:
     """Train/valid(/test) datasets by document split, plus whole-corpus validation sets.
 
     Returns:
         "train" (shuffled with ``seed``), "valid" and "test" when their split weight gives
         them documents (in stream order), and one unshuffled dataset per ``extra_valid`` name
-        (e.g. {"moby_dick": IndexedDataset(...)}) -- held-out corpora used whole.
+        (e.g. {"moby_dick": IndexedDataset(...)}) -- held-out corpora used whole. ``label`` names
+        ``indexed`` in errors (its config field and path); ``extra_valid`` ones are data.valid_paths.
     """
     docs = split_documents(indexed.num_documents, split, seed)
-    out = {"train": GPTDataset(indexed, seq_len, eod_id, docs["train"], seed=seed, shuffle=True)}
+    label = label or "corpus"
+    out = {"train": GPTDataset(indexed, seq_len, eod_id, docs["train"], seed=seed, shuffle=True,
+                               label=f"{label} (its train split)")}
     for name in ("valid", "test"):
         if docs[name].size:
-            out[name] = GPTDataset(indexed, seq_len, eod_id, docs[name], seed=seed, shuffle=False)
+            out[name] = GPTDataset(indexed, seq_len, eod_id, docs[name], seed=seed, shuffle=False,
+                                   label=f"{label} (its {name} split, data.split)")
     for name, ds in (extra_valid or {}).items():
         if name in out:
             raise ValueError(f"extra_valid name {name!r} clashes with a split name; rename it")
-        out[name] = GPTDataset(ds, seq_len, eod_id, None, seed=seed, shuffle=False)
+        out[name] = GPTDataset(ds, seq_len, eod_id, None, seed=seed, shuffle=False,
+                               label=f"config data.valid_paths entry {name!r}")
     return out

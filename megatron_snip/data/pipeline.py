@@ -125,14 +125,16 @@ def build_data(cfg: Config, *, is_writer: bool = True) -> DataBundle:
     extra = {corpus_name(p): open_indexed(p, tokenizer, d, check_ids=is_writer, field="data.valid_paths")
              for p in d.valid_paths}
     if len(blend) == 1:
-        sets = build_datasets(sources[0], t.seq_len, tokenizer.eod_id, split=d.split, seed=t.seed, extra_valid=extra)
+        sets = build_datasets(sources[0], t.seq_len, tokenizer.eod_id, split=d.split, seed=t.seed, extra_valid=extra,
+                              label=f"config data.train_path={blend[0][1]!r}")
         valid = {k: v for k, v in sets.items() if k not in ("train", "test")}
         check_eval_batches(cfg, valid)
         return DataBundle(tokenizer, sets["train"], valid)
     names = _blend_names(blend, extra)
     trains, valids = [], {}
     for (_, path), name, source in zip(blend, names, sources, strict=True):
-        sets = build_datasets(source, t.seq_len, tokenizer.eod_id, split=d.split, seed=t.seed)
+        sets = build_datasets(source, t.seq_len, tokenizer.eod_id, split=d.split, seed=t.seed,
+                              label=f"config data.train_path source {path!r}")
         if "valid" not in sets:
             raise ValueError(f"config data.train_path: source {path!r} has too few documents for a held-out split "
                              f"(data.split={d.split!r}); give it more documents or drop it from the blend")

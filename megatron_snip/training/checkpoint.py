@@ -180,10 +180,23 @@ def set_aside(ckpt_root: Path, step: int) -> Path:
     return target
 
 
+def check_finite(tensors: dict[str, Any], where: str) -> None:
+    """Refuse weights holding NaN or Inf, naming the first such tensor: a checkpoint whose
+    checksum matches but whose weights are not finite was saved from a diverged run (or written
+    wrong), and would only turn every loss into NaN downstream."""
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise CheckpointError(f"{where}: tensor {name} {tuple(t.shape)} holds {bad} non-finite value(s) "
+                                  f"(NaN/Inf); the weights are unusable - use an older checkpoint of the run")
+
+
 def read_shard(ckpt_root: Path, step: int, tp_rank: int = 0, pp_rank: int = 0,
-               sha256: str | None = None, *, mmap: bool = False) -> dict[str, Any]:
+               sha256: str | None = None, *, mmap: bool = False, finite: bool = True) -> dict[str, Any]:
     """Load one shard (``weights_only=True``; checked against ``sha256`` when given). ``mmap``: its
-    tensors are memory-mapped, so only the bytes of the tensors used are read."""
+    tensors are memory-mapped, so only the bytes of the tensors used are read. ``finite``: refuse
+    non-finite model weights naming the tensor (``check_finite``; off only where a caller checks
+    the tensors it keeps, so that a memory-mapped read touches no others)."""
     d = step_dir(ckpt_root, step)
     path = d / shard_name(tp_rank, pp_rank)
     if not path.is_file():
@@ -196,8 +209,11 @@ def read_shard(ckpt_root: Path, step: int, tp_rank: int = 0, pp_rank: int = 0,
     if sha256 is not None and file_sha256(path) != sha256:
         raise CheckpointError(f"checkpoint {d}: shard {path.name} does not match its recorded sha256 (corrupt)")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # noqa: BLE001 - unpickling errors come in many types; all mean "unusable"
         raise CheckpointError(f"checkpoint shard {path} cannot be loaded safely ({type(e).__name__}: "
                               f"{str(e).splitlines()[0] if str(e) else ''}); only tensors, numbers, strings, lists "
                               f"and dicts are accepted (weights_only=True)") from None
+    if finite and isinstance(state, dict) and isinstance(state.get("model"), dict):
+        check_finite(state["model"], f"checkpoint {d}: shard {path.name}")
+    return state

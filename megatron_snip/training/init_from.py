@@ -3,8 +3,9 @@
 Sources, told apart by their files:
   * a Hugging Face Llama directory (config.json + *.safetensors): each rank reads only its TP
     shard / PP stage slices (interop/hf.py); there is no optimizer state to take;
-  * one of our checkpoints - a run directory (its latest checkpoint), its ``checkpoints/``, or
-    one ``checkpoints/step_N``: the weights, and with ``training.init_optimizer`` the AdamW moments
+  * one of our checkpoints - a run directory (its newest checkpoint that verifies), its
+    ``checkpoints/``, or one ``checkpoints/step_N`` (training/checkpoint_reader.py: each shard's
+    sha256 is checked and non-finite weights are refused, naming the shard or the tensor): the weights, and with ``training.init_optimizer`` the AdamW moments
     and step counts. At the checkpoint's own TP x PP layout each rank reads its own shard; at
     another layout every rank reads the whole checkpoint and keeps its slice (training/reshard.py).
 
@@ -24,6 +25,7 @@ from megatron_snip.interop import hf
 from megatron_snip.model.llama import LlamaModel
 from megatron_snip.training import checkpoint as ckpt
 from megatron_snip.training import reshard
+from megatron_snip.training.checkpoint_reader import open_checkpoint
 
 FIELD = "training.init_from"
 _ARCH_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads")
@@ -43,7 +45,8 @@ def init_from(source: str, model: LlamaModel, optimizer: torch.optim.Optimizer, 
         hf.check_model_matches(cfg.model, model.vocab_size, source, FIELD)
         hf.load_into_model(model, source, ignore_unused=cfg.training.init_from_ignore_unused)
         return f"initialized from Hugging Face checkpoint {source}"
-    root, step = reshard.resolve_checkpoint(source, f"config {FIELD}")
+    opened = open_checkpoint(source, f"config {FIELD}")  # every shard's sha256 checked; non-finite weights refused
+    root, step = opened.root, opened.step
     src_cfg = reshard.run_config(root)
     mismatches = [f"model.{f}={getattr(cfg.model, f)} but the checkpoint's run has {getattr(src_cfg.model, f)}"
                   for f in _ARCH_FIELDS if getattr(cfg.model, f) != getattr(src_cfg.model, f)]
@@ -64,7 +67,8 @@ def init_from(source: str, model: LlamaModel, optimizer: torch.optim.Optimizer, 
         # The moments come from the checkpoint; the hyperparameters stay this run's.
         optimizer.load_state_dict({"state": optim_sd["state"], "param_groups": optimizer.state_dict()["param_groups"]})
         what = "weights and optimizer state"
-    return f"initialized {what} from {ckpt.step_dir(root, step)} (step {step}, tp={meta.get('tp')} pp={meta.get('pp')})"
+    return (f"initialized {what} from {ckpt.step_dir(root, step)} (step {step}, tp={meta.get('tp')} "
+            f"pp={meta.get('pp')}); {opened.note}")
 
 
 def _check_shapes(model: LlamaModel, state: dict[str, torch.Tensor], source: str, root: Path, step: int) -> None:

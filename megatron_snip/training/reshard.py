@@ -31,26 +31,18 @@ from megatron_snip.model.layers import shard_state_dict, unshard_state_dicts
 from megatron_snip.model.llama import LlamaModel
 from megatron_snip.parallel.topology import ParallelTopology, TensorParallel
 from megatron_snip.training import checkpoint as ckpt
+from megatron_snip.training.checkpoint_reader import open_checkpoint
 from megatron_snip.training.optim import param_groups
 
 _MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 def resolve_checkpoint(path: str | Path, field: str = "checkpoint") -> tuple[Path, int]:
-    """(checkpoint root, step) of ``path``: a run directory (its latest checkpoint), a
-    ``checkpoints/`` directory, or one ``checkpoints/step_N`` directory."""
-    p = Path(path)
-    if (p / "meta.json").is_file() and p.name.startswith("step_"):
-        try:
-            return p.parent, int(p.name.removeprefix("step_"))
-        except ValueError:
-            pass
-    for root in (p / "checkpoints", p):
-        step = ckpt.latest_checkpoint(root)
-        if step is not None:
-            return root, step
-    raise ValueError(f"{field}={str(path)!r}: no checkpoint there (expected a run directory with checkpoints/step_*/"
-                     f"meta.json, or one checkpoints/step_N directory); check the path or train a run first")
+    """(checkpoint root, step) of ``path``, verified: a run directory (its newest checkpoint that
+    verifies), a ``checkpoints/`` directory, or one ``checkpoints/step_N`` directory
+    (``checkpoint_reader.open_checkpoint``, which also says which one it used)."""
+    opened = open_checkpoint(path, field)
+    return opened.root, opened.step
 
 
 def run_config(ckpt_root: Path) -> Config:
@@ -111,7 +103,7 @@ def read_full(ckpt_root: Path, step: int, cfg: Config | None = None, *, with_opt
     model: dict[str, torch.Tensor] = {}
     moments: dict[str, dict[str, torch.Tensor]] = {}
     mmap = only is not None
-    first = ckpt.read_shard(ckpt_root, step, 0, 0, mmap=mmap)
+    first = ckpt.read_shard(ckpt_root, step, 0, 0, mmap=mmap, finite=False)
     common = {k: v for k, v in first.items() if k not in ("model", "optimizer", "layout")}
     vocab_size = first["model"]["embedding.weight"].shape[0] * tp
     groups = [{k: v for k, v in g.items() if k != "params"} for g in first["optimizer"]["param_groups"]]
@@ -120,7 +112,8 @@ def read_full(ckpt_root: Path, step: int, cfg: Config | None = None, *, with_opt
         wanted = set(stage.state_dict()) if only is None else set(stage.state_dict()) & set(only)
         if not wanted:
             continue
-        shards = [first if (tp_rank, pp_rank) == (0, 0) else ckpt.read_shard(ckpt_root, step, tp_rank, pp_rank, mmap=mmap)
+        shards = [first if (tp_rank, pp_rank) == (0, 0)
+                  else ckpt.read_shard(ckpt_root, step, tp_rank, pp_rank, mmap=mmap, finite=False)
                   for tp_rank in range(tp)]
         spec = stage.tp_shard_spec()
         model.update(unshard_state_dicts([{k: v for k, v in s["model"].items() if k in wanted} for s in shards], spec))
@@ -134,6 +127,7 @@ def read_full(ckpt_root: Path, step: int, cfg: Config | None = None, *, with_opt
             full = unshard_state_dicts([{m: st[idx][m] for m in _MOMENTS} for st in states],
                                        dict.fromkeys(_MOMENTS, spec[name]))
             moments[name] = {**full, "step": states[0][idx]["step"]}
+    ckpt.check_finite(model, f"checkpoint {ckpt.step_dir(ckpt_root, step)}")  # the tensors kept, only
     return FullCheckpoint(model, moments, groups, common, meta, cfg, vocab_size)
 
 
