@@ -142,13 +142,20 @@ def mlp_only_entries(ctx: PlanContext) -> dict[GemmId, str]:
     targets = Targets(ctx)
     if targets.meets(entries):
         return entries
-    top_up = attention[::-1]
+    return _top_up(ctx, entries, attention[::-1], targets)
+
+
+def _top_up(ctx: PlanContext, entries: dict[GemmId, str], order: list[tuple[GemmId, ...]],
+            targets: Targets) -> dict[GemmId, str]:
+    """Move units of ``order`` to the fast candidate, in order, until ``entries`` meet the targets:
+    the shortest prefix that reaches rho, then (under a time budget) one unit at a time."""
+    lo = ctx.fp4_format
     already = sum(ctx.linear_numel[g.linear] for g, f in entries.items() if f == lo)
-    k = _prefix_to_meet(top_up, ctx.linear_numel, _need(entries, ctx.linear_numel, ctx.fp4_target) - already)
-    for unit in top_up[:k]:
+    k = _prefix_to_meet(order, ctx.linear_numel, _need(entries, ctx.linear_numel, ctx.fp4_target) - already)
+    for unit in order[:k]:
         for g in unit:
             entries[g] = lo
-    _move_until_met(entries, top_up[k:], lo, targets, entries)
+    _move_until_met(entries, order[k:], lo, targets, entries)
     return entries
 
 
@@ -222,13 +229,7 @@ def layer_type_entries(ctx: PlanContext, protected: tuple[str, ...]) -> dict[Gem
     rank = {lin: i for i, lin in enumerate(reversed(protected))}
     movable = [u for u in _units(ctx) if u[0].linear in protected]
     movable.sort(key=lambda u: (abs(u[0].layer - mid), u[0].layer, rank[u[0].linear]))
-    already = sum(ctx.linear_numel[g.linear] for g, f in entries.items() if f == lo)
-    k = _prefix_to_meet(movable, ctx.linear_numel, _need(entries, ctx.linear_numel, ctx.fp4_target) - already)
-    for unit in movable[:k]:
-        for g in unit:
-            entries[g] = lo
-    _move_until_met(entries, movable[k:], lo, targets, entries)
-    return entries
+    return _top_up(ctx, entries, movable, targets)
 
 
 def random_entries(ctx: PlanContext) -> dict[GemmId, str]:
