@@ -146,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
                          + ", ".join(f"{k}={v}" for k, v in DEFAULT_VALID_CORPORA.items()) + ")")
     ap.add_argument("--eval-interval", type=int, default=d.eval_interval)
     ap.add_argument("--eval-batches", type=int, default=d.eval_batches)
+    ap.add_argument("--eval-windows", choices=("first", "spread"), default=d.eval_windows,
+                    help="which windows of each domain: the first --eval-batches x micro-batch ones, or that "
+                         "many spread over the whole text (training.eval_windows)")
     ap.add_argument("--out-dir", default="runs/compare")
     ap.add_argument("--report", default="docs/results/comparison/results.md")
     ap.add_argument("--appendix", default=None, metavar="MD",
@@ -210,6 +213,7 @@ def protocol_from_args(args: argparse.Namespace) -> Protocol:
                     sweep_format_sets=() if args.no_sweep else args.sweep_format_sets, policies=args.policies,
                     train_corpus=args.train_corpus, valid_corpora=valid,
                     eval_interval=args.eval_interval, eval_batches=args.eval_batches,
+                    eval_windows=args.eval_windows,
                     overrides=DEFAULT_SETS + tuple(args.overrides), target=args.target,
                     time_costs=modeled_time_costs(args.gpu, format_sets) if args.gpu else ())
 

@@ -51,7 +51,8 @@ DEFAULT_SETS = ("model.num_layers=8", "model.hidden_size=128", "model.ffn_hidden
 # Keys the driver sets per run; a user --set on them would silently break pairing or resume.
 DRIVER_KEYS = frozenset({
     "training.seed", "training.run_dir", "training.max_steps", "training.resume", "training.progress",
-    "training.log_interval", "training.eval_interval", "training.eval_batches", "precision.initial_plan",
+    "training.log_interval", "training.eval_interval", "training.eval_batches", "training.eval_windows",
+    "precision.initial_plan",
     "snip.enabled", "snip.policy", "snip.fp4_target", "snip.formats", "snip.warmup", "snip.interval", "snip.seed",
     "data.train_path", "data.valid_paths", "training.init_from", "training.init_optimizer",
     "snip.target", "snip.time_budget", "snip.time_costs",
@@ -88,6 +89,10 @@ class Protocol:
     valid_corpora: tuple[str, ...] = ("bundled:moby_dick",)
     eval_interval: int = 100
     eval_batches: int = 8
+    # Which windows of each validation set (training.eval_windows): "first" = the first eval_batches x
+    # micro-batch windows, the records before #33; "spread" = that many spread over the whole set (or
+    # all of it where it is smaller), so a domain's figure does not describe its first pages only.
+    eval_windows: str = "first"
     overrides: tuple[str, ...] = DEFAULT_SETS  # applied to every run before the driver's own --set
     # "fp4_share" (rho = FP4 share of the linear FLOPs) or "gemm_time" (every rho of the format sets is
     # a GEMM-time budget: modeled linear-GEMM time <= rho x BF16's, with ``time_costs``, snip.time_costs).
@@ -138,6 +143,8 @@ class Protocol:
                              f"val_loss_<file stem>); rename a file")
         if self.eval_interval <= 0 or self.eval_batches <= 0:
             raise ValueError(f"--eval-interval={self.eval_interval} and --eval-batches={self.eval_batches} must be > 0")
+        if self.eval_windows not in ("first", "spread"):
+            raise ValueError(f"--eval-windows={self.eval_windows!r} must be 'first' or 'spread'")
         for ov in self.overrides:
             section, key, _ = parse_override(ov)
             if f"{section}.{key}" in DRIVER_KEYS:
@@ -252,6 +259,7 @@ def run_overrides(spec: RunSpec, p: Protocol, run_dir: Path) -> list[str]:
     common = [*p.overrides, f"training.seed={spec.seed}", f"training.run_dir={json.dumps(str(run_dir))}",
               "training.resume=false", "training.progress=false", "training.log_interval=1",
               f"training.eval_interval={p.eval_interval}", f"training.eval_batches={p.eval_batches}",
+              f"training.eval_windows={json.dumps(p.eval_windows)}",
               "precision.initial_plan=bf16", f"data.train_path={json.dumps(p.train_corpus)}",
               f"data.valid_paths={valid}"]
     if spec.policy == BASE_POLICY:

@@ -222,6 +222,9 @@ def protocol_section(results: Sequence[dict], p: Protocol, all_records: Sequence
     tokens = p.steps * t.global_batch_size * t.seq_len
     wall = sum(r.get("wall_s", 0.0) for r in results)
     bases = [r for r in latest_records(all_records).values() if r.get("policy") == BASE_POLICY and r.get("status") == "ok"]
+    spread = p.eval_windows == "spread"
+    windows = ("windows spread evenly over the whole text, or every window of a smaller set" if spread
+               else "the first windows of each")
     targets = "; ".join(f"`{','.join(fs)}` at rho = {', '.join(f'{r:g}' for r in p.rhos_of(fs))}" for fs in p.format_sets)
     out = [
         "## Protocol",
@@ -256,9 +259,9 @@ def protocol_section(results: Sequence[dict], p: Protocol, all_records: Sequence
           if cfg.snip.fair_share else []),
         (f"- Seeds {', '.join(map(str, p.seeds))} (`training.seed`: init, data order and which training "
          f"documents are held out for `val_loss`; `snip.seed` = the same seed)."),
-        (f"- Validation: final loss over {p.eval_batches} x {t.micro_batch_size} windows of {t.seq_len} tokens per "
+        (f"- Validation: final loss over {'up to ' if spread else ''}{p.eval_batches} x {t.micro_batch_size} windows of {t.seq_len} tokens per "
          f"domain, evaluated in the run's final precision plan. Other domains (the headline): "
-         f"{', '.join(f'`{c}`' for c in p.valid_corpora)} (the first windows of each, the same for every run). "
+         f"{', '.join(f'`{c}`' for c in p.valid_corpora)} ({windows}, the same for every run). "
          f"Training domain: "
          f"held-out documents of `{p.train_corpus}`."),
         ("- Statistics: mean ± sample std (ddof=1) over seeds; gap to BF16 = relative difference of the means; "

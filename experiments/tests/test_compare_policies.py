@@ -240,6 +240,22 @@ def test_report_includes_an_earlier_report(tmp_path):
     assert text.index("## What this shows") < text.index("## Earlier")
 
 
+def test_eval_windows_reach_every_run_and_the_report(tmp_path):
+    # #33 item 7: a domain measured on windows spread over its whole text, not its first pages.
+    for windows in ("first", "spread"):
+        p = small_protocol(eval_windows=windows, eval_batches=4)
+        for spec in protocol.primary_runs(p):
+            cfg = load_config(protocol.config_path(p), protocol.run_overrides(spec, p, tmp_path / spec.name))
+            assert (cfg.training.eval_windows, cfg.training.eval_batches) == (windows, 4)
+        text = "\n".join(report_writer.protocol_section([], p, []))
+        assert ("spread evenly over the whole text" in text) == (windows == "spread")
+        assert ("the first windows of each" in text) == (windows == "first")
+    with pytest.raises(ValueError, match="--eval-windows"):
+        small_protocol(eval_windows="middle")
+    with pytest.raises(ValueError, match="set by the driver"):
+        small_protocol(overrides=(*SMALL_SETS, 'training.eval_windows="spread"'))
+
+
 def test_protocol_rejects_bad_input():
     with pytest.raises(ValueError, match="training.seed"):
         small_protocol(overrides=("training.seed=3",))
