@@ -220,6 +220,16 @@ def model_parameters(cfg: Config) -> int:
         return count_parameters(LlamaModel(cfg.model, vocab))
 
 
+def _continued_lr(p: Protocol, cfg: Config) -> str:
+    """How the continued runs' LR moves, in words."""
+    t = cfg.training
+    if p.continuation_schedule == "wsd":
+        decay = max(1, round(t.wsd_decay_fraction * p.steps))
+        return (f"the lr held at {t.lr:g} for {p.steps - decay} steps, then decaying linearly to {t.min_lr:g} over "
+                f"the last {decay} (WSD, `training.wsd_decay_fraction` = {t.wsd_decay_fraction:g})")
+    return f"the lr decaying ({t.lr_schedule}) from {t.lr:g} to {t.min_lr:g}"
+
+
 def protocol_section(results: Sequence[dict], p: Protocol, all_records: Sequence[dict]) -> list[str]:
     """What every run shared: model, tokens, schedule, seeds, validation, statistics, sweep."""
     cfg = load_config(config_path(p), list(p.overrides))
@@ -242,11 +252,11 @@ def protocol_section(results: Sequence[dict], p: Protocol, all_records: Sequence
             f"{t.warmup_steps} warmup steps, SNIP off: an intermediate checkpoint of a longer schedule, as the SNIP "
             f"paper continues TinyLlama's. Every run below starts from that seed's checkpoint - weights and AdamW "
             f"moments (`training.init_from`, `training.init_optimizer=true`) - and trains {p.steps} more steps with "
-            f"the lr decaying ({t.lr_schedule}) from {t.lr:g} to {t.min_lr:g} without a new warmup.")]
+            f"{_continued_lr(p, cfg)} without a new warmup.")]
            if p.continued else []),
         (f"- Tokens: {p.steps} steps x {t.global_batch_size} sequences x {t.seq_len} tokens = {tokens / 1e6:.2f}M "
          f"training tokens per run{' after the base run' if p.continued else ''} (byte-level tokenizer: "
-         f"`{cfg.data.tokenizer}`), lr {t.lr:g} ({t.lr_schedule})."),
+         f"`{cfg.data.tokenizer}`), lr {t.lr:g} ({'wsd' if p.continuation_schedule == 'wsd' else t.lr_schedule})."),
         (f"- Every run starts in BF16; the policy is applied at step {p.warmup} and re-planned every {p.interval} "
          f"steps (static policies give the same plan each time). "
          + (f"**GEMM-time target** (`snip.target=\"gemm_time\"`, `snip.time_costs` {list(p.time_costs)}: the "

@@ -605,3 +605,28 @@ def test_modeled_gemm_time_of_fp4_share_runs_at_blackwell_ratios(tmp_path):
     expected = share * 1.0 + (1 - share) * 0.25
     assert f"| snip | bf16,fp8_block,fp4_block | 0.75 | 1 | {expected:.4f} - {expected:.4f} |" in text
     assert report_writer.plan_time_section([{**records[0], "run_dir": str(tmp_path / "gone")}], p) == []
+
+
+def test_wsd_continuation_holds_the_peak_then_decays(tmp_path):
+    # #33 item 4: a continuation with a stable and a decay phase; the config's schedule stays the reference.
+    from megatron_snip.training.lr import lr_at
+
+    ref = small_protocol(base_steps=3, steps=10, warmup=1)
+    wsd = small_protocol(base_steps=3, steps=10, warmup=1, continuation_schedule="wsd")
+    snip = protocol.RunSpec(1, "snip", MX, 0.75)
+    for p, schedule in ((ref, "cosine"), (wsd, "wsd")):
+        cfg = load_config(protocol.config_path(p), protocol.run_overrides(snip, p, tmp_path / "r"))
+        assert cfg.training.lr_schedule == schedule
+        base = load_config(protocol.config_path(p), protocol.run_overrides(protocol.base_run(1), p, tmp_path / "b"))
+        assert base.training.lr_schedule == "constant"
+    assert protocol.resolved_config(snip, ref) == protocol.resolved_config(snip, small_protocol(base_steps=3, steps=10,
+                                                                                             warmup=1))
+    cfg = load_config(protocol.config_path(wsd), protocol.run_overrides(snip, wsd, tmp_path / "r")).training
+    lrs = [lr_at(s, cfg) for s in range(10)]  # 0-based steps; the decay's 2 steps start from the peak
+    assert lrs[:9] == [cfg.lr] * 9 and cfg.min_lr < lrs[9] < cfg.lr
+    text = "\n".join(report_writer.protocol_section([], wsd, []))
+    assert "held at" in text and "over the last 2" in text
+    with pytest.raises(ValueError, match="--continuation-schedule"):
+        small_protocol(continuation_schedule="wsd")  # from scratch: not a continuation
+    with pytest.raises(ValueError, match="--continuation-schedule"):
+        small_protocol(base_steps=3, continuation_schedule="linear")
