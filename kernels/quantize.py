@@ -32,7 +32,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["launch_qdq"]
+__all__ = ["launch_grid", "launch_qdq", "num_warps_for"]
 
 
 @triton.jit
@@ -112,7 +112,9 @@ def _qdq_kernel(
 
     SCALING: 0 none (Hadamard only), 1 tensor (scalars = scale, scale_inv), 2 pow2 blocks,
     3 E8M0 blocks, 4 NVFP4 (scalars = s_enc * fl32(1/6), s_dec, tensor amax), 5 FP32 block
-    scales amax / max (fp4_block).
+    scales amax / max (fp4_block), 6 the tile's amax only (of the rotated tile with HADAMARD),
+    stored as fp32 into s_ptr[pid_r * programs along cols + pid_c], no y written: the tensor
+    amax of a rotated operand without writing the rotation out.
     BLOCK_2D: a block spans all TR rows (2-D weight blocks, TR = block rows).
     OUT_ELEMENTS (SCALING 1, 2): store the on-grid elements (before the decode scale) into
     y_ptr, a row-major (rows, cols) float8 tensor, and the block decode scales into s_ptr
@@ -128,15 +130,17 @@ def _qdq_kernel(
     offs = r3.to(tl.int64) * stride_r + c3.to(tl.int64) * stride_c
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # bf16 -> fp32 is exact
 
-    if HADAMARD:  # x · diag(s) · H16 / 4 along each 16-block (BS == 16), the reference's order
+    if HADAMARD:  # x · diag(s) · H16 / 4 along each 16-column group of the tile, the reference's order
+        # fused for every block width (BS a multiple of 16): the tile's columns regrouped by 16
+        x = tl.reshape(x, [TR, NB * BS // 16, 16])
         idx = tl.arange(0, 16)
         neg = ((RHT_NEG >> idx) & 1) == 1
         x = tl.where(neg[None, None, :], -x, x)
-        x = _butterfly(x, TR, NB, 8)
-        x = _butterfly(x, TR, NB, 4)
-        x = _butterfly(x, TR, NB, 2)
-        x = _butterfly(x, TR, NB, 1)
-        x = x * 0.25
+        x = _butterfly(x, TR, NB * BS // 16, 8)
+        x = _butterfly(x, TR, NB * BS // 16, 4)
+        x = _butterfly(x, TR, NB * BS // 16, 2)
+        x = _butterfly(x, TR, NB * BS // 16, 1)
+        x = tl.reshape(x * 0.25, [TR, NB, BS])
 
     if SR:
         seed0 = tl.load(seeds_ptr)
@@ -148,7 +152,11 @@ def _qdq_kernel(
     else:
         noise = x  # unused
 
-    if SCALING == 0:
+    if SCALING == 6:  # the tile's amax only (of the rotated x with HADAMARD): no element is written
+        bits = tl.max(tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2), axis=1)  # [TR]
+        tile_amax = tl.max(bits, axis=0).to(tl.float32, bitcast=True)
+        tl.store(s_ptr + pid_r * tl.num_programs(1) + pid_c, tile_amax)
+    elif SCALING == 0:
         y = x
     elif SCALING == 1:
         scale = tl.load(scalars_ptr)
@@ -203,10 +211,27 @@ def _qdq_kernel(
             v = x * enc
             v = tl.where(v > MAXV, MAXV, tl.where(v < -MAXV, -MAXV, v))  # clamp, NaN kept
             y = _round_element(v, noise, EMIN, EMAX, MBITS, MAXV, SR) * s_block * s_dec
-    if OUT_ELEMENTS:  # logical row-major, whatever the input layout (scaled-mm wants that)
+    if SCALING == 6:
+        pass
+    elif OUT_ELEMENTS:  # logical row-major, whatever the input layout (scaled-mm wants that)
         tl.store(y_ptr + r3.to(tl.int64) * cols + c3, y, mask=mask)
     else:
         tl.store(y_ptr + offs, y, mask=mask)
+
+
+def launch_grid(rows: int, cols: int, tr: int, nb: int, bs: int) -> tuple[int, int]:
+    """The launch grid over a logical (rows, cols) operand: (row tiles, column tiles)."""
+    return triton.cdiv(rows, tr), triton.cdiv(cols, nb * bs)
+
+
+def num_warps_for(tr: int, nb: int, bs: int) -> int:
+    """Warps per program for a tile of tr x nb x bs fp32 elements: at most 32 live fp32 elements per thread.
+
+    A 1x128 tile (16 x 1 x 128 = 2K elements) at Triton's default 4 warps holds 16 per thread; a
+    128x128 weight tile (16K) at 4 warps would hold 128 per thread, several live copies of which
+    (x, its bit pattern, the scaled and rounded values) exceed the 255 registers a thread has and
+    spill to local memory. 16K / (32 x 32) = 16 warps keeps 32 per thread. Clamped to [4, 16]."""
+    return max(4, min(16, (tr * nb * bs) // (32 * 32)))
 
 
 def launch_qdq(x, y, scalars, seeds, scales_out, rows, cols, stride_r, stride_c, *, tr: int, nb: int, bs: int,
@@ -219,8 +244,10 @@ def launch_qdq(x, y, scalars, seeds, scales_out, rows, cols, stride_r, stride_c,
     kind into these: the tile (tr rows x nb blocks of bs columns, block_2d), the scaling code
     (``_qdq_kernel``'s SCALING), the element grid (emin, emax, mbits, maxv), E8M0 rounding
     (round_up, max_mant), the Hadamard sign mask (rht_neg: bit i set = sign i is -1), the fp32 max
-    and the counter RNG's mixer constants; stochastic rounding runs when ``seeds`` is given."""
-    grid = (triton.cdiv(rows, tr), triton.cdiv(cols, nb * bs))
+    and the counter RNG's mixer constants; stochastic rounding runs when ``seeds`` is given. ``x`` may be
+    fp32, bf16 or fp16 (loaded and widened in registers: no fp32 copy in memory). scaling=6 writes
+    one fp32 amax per program into ``scales_out`` (``launch_grid`` programs, row-major)."""
+    grid = launch_grid(rows, cols, tr, nb, bs)
     _qdq_kernel[grid](
         x, y, scalars, seeds if seeds is not None else scalars, scales_out, rows, cols, stride_r, stride_c,
         TR=tr, NB=nb, BS=bs, BLOCK_2D=block_2d, SCALING=scaling,
@@ -228,4 +255,5 @@ def launch_qdq(x, y, scalars, seeds, scales_out, rows, cols, stride_r, stride_c,
         ROUND_UP=round_up, MAX_MANT=max_mant,
         SR=seeds is not None, HADAMARD=hadamard, RHT_NEG=rht_neg, F32MAX=f32max,
         OUT_ELEMENTS=out_elements, MUL1=mix_mul1, MUL2=mix_mul2, enable_fp_fusion=False,
+        num_warps=num_warps_for(tr, nb, bs),
     )

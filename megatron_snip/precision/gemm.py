@@ -14,7 +14,8 @@ and stochastic rounding (ACTIVATION X, WEIGHT W, GRADIENT dY).
 Arithmetic (decided in the autograd function, whatever the caller's autocast
 state): a quantized GEMM multiplies the dequantized operands as fp32 and
 accumulates in fp32 (or, in the torch backend, a scaled-mm of the quantized
-elements with fp32 accumulation), then casts to the output dtype. A ``"bf16"``
+elements with fp32 accumulation), then rounds once to the output dtype (the
+GEMM runner's ``out_dtype``: a scaled-mm writes it from its epilogue). A ``"bf16"``
 GEMM is the unquantized reference: it multiplies the raw operands in the
 activation dtype - autocast's when autocast is on for x's device, else x's
 (fp32 x: fp32, exact F.linear; bf16 x or bf16 autocast: a bf16 matmul, as
@@ -158,27 +159,31 @@ def tune_cpu_malloc(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 << 3
 class GemmRunner(Protocol):
     """Computes one quantized GEMM a·bᵀ of a linear, both operands with their reduction dim last.
 
-    a (M, R) and b (P, R), either possibly a transposed view; returns fp32 (M, P). The autograd
-    function calls it with autocast disabled, so what it returns is what it computed.
-    ``amax_reduce``: one reducer for both operands or an (a's, b's) pair (``operand_reducers``).
+    a (M, R) and b (P, R), either possibly a transposed view; returns (M, P) in ``out_dtype``,
+    accumulated in fp32 and rounded to ``out_dtype`` once (the activation dtype for fprop, x's for
+    dgrad, the weight's for wgrad: a real GEMM writes it from its epilogue, with no fp32 M x P
+    tensor in between). The autograd function calls it with autocast disabled, so what it returns
+    is what it computed. ``amax_reduce``: one reducer for both operands or an (a's, b's) pair
+    (``operand_reducers``).
     """
 
     def __call__(self, fmt: str, a: torch.Tensor, a_kind: Operand, b: torch.Tensor, b_kind: Operand, *,
                  hadamard: bool, amax_reduce: GemmAmaxReduce, generator: torch.Generator | None,
-                 compiled: bool) -> torch.Tensor: ...
+                 compiled: bool, out_dtype: torch.dtype) -> torch.Tensor: ...
 
 
 def emulated_gemm(fmt: str, a: torch.Tensor, a_kind: Operand, b: torch.Tensor, b_kind: Operand, *,
                   hadamard: bool, amax_reduce: GemmAmaxReduce, generator: torch.Generator | None,
-                  compiled: bool) -> torch.Tensor:
-    """The reference ``GemmRunner``: Q(a)·Q(b)ᵀ on the dequantized operands, fp32 multiply and accumulate.
+                  compiled: bool, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The reference ``GemmRunner``: Q(a)·Q(b)ᵀ on the dequantized operands, fp32 multiply and accumulate,
+    then rounded to ``out_dtype``.
 
     Q(a) is quantized before Q(b), so stochastic rounding draws from ``generator`` in that order.
     """
     reduce_a, reduce_b = operand_reducers(amax_reduce)
     qa = quantize(a, fmt, a_kind, generator=generator, hadamard=hadamard, amax_reduce=reduce_a, compiled=compiled)
     qb = quantize(b, fmt, b_kind, generator=generator, hadamard=hadamard, amax_reduce=reduce_b, compiled=compiled)
-    return qa @ qb.t()
+    return (qa @ qb.t()).to(out_dtype)
 
 
 def activation_dtype(x: torch.Tensor) -> torch.dtype:
@@ -211,7 +216,7 @@ class _QuantLinearFn(torch.autograd.Function):
                 y_tn = F.linear(x_tk.to(act), weight.to(act))
             else:
                 y_tn = gemm(precision.fprop, x_tk, Operand.ACTIVATION, weight, Operand.WEIGHT, hadamard=False,
-                            amax_reduce=(x_amax, w_amax), generator=None, compiled=compiled).to(act)
+                            amax_reduce=(x_amax, w_amax), generator=None, compiled=compiled, out_dtype=act)
         ctx.save_for_backward(x, weight)
         ctx.precision, ctx.generator, ctx.compiled = precision, generator, compiled
         ctx.reducers, ctx.x_amax, ctx.w_amax = reducers, x_amax, w_amax
@@ -237,7 +242,7 @@ class _QuantLinearFn(torch.autograd.Function):
                 else:
                     # Wᵀ is a transposed view: quantize reads W contiguously, blocks along N.
                     dx_tk = ctx.gemm(precision.dgrad, dy_tn, Operand.GRADIENT, weight.t(), Operand.WEIGHT,
-                                     hadamard=False, amax_reduce=(dy_amax, ctx.w_amax), **common)
+                                     hadamard=False, amax_reduce=(dy_amax, ctx.w_amax), out_dtype=x.dtype, **common)
                 dx = dx_tk.to(x.dtype).reshape(x.shape)
             if ctx.needs_input_grad[1]:
                 if precision.wgrad == "bf16":
@@ -247,7 +252,7 @@ class _QuantLinearFn(torch.autograd.Function):
                     # The RHT changes the operands' amaxes: rotated ones are reduced afresh.
                     reduce_pair = (reducers.dy, reducers.x) if rht else (dy_amax, ctx.x_amax)
                     dw = ctx.gemm(precision.wgrad, dy_tn.t(), Operand.GRADIENT, x_tk.t(), Operand.ACTIVATION,
-                                  hadamard=rht, amax_reduce=reduce_pair, **common)
+                                  hadamard=rht, amax_reduce=reduce_pair, out_dtype=weight.dtype, **common)
                 dw = dw.to(weight.dtype)
         return dx, dw, None, None, None, None, None
 

@@ -45,8 +45,9 @@ def _call(fmt, m, k, n, a_kind, b_kind):
     qb = quantize_scaled(torch.randn(n, k, generator=g) * torch.rand(n, 1, generator=g).mul(8).exp2(), fmt, b_kind)
     seen = {}
 
-    def record(mat1, mat2, scale_a, scale_b, out_dtype=None):
-        seen.update(mat1=mat1, mat2=mat2, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
+    def record(mat1, mat2, scale_a, scale_b, out_dtype=None, use_fast_accum=False):
+        seen.update(mat1=mat1, mat2=mat2, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype,
+                    use_fast_accum=use_fast_accum)
         return torch.empty(mat1.shape[0], mat2.shape[1])
 
     real = torch._scaled_mm
@@ -132,8 +133,12 @@ def test_shape_rules_for_cublas():
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     act, wt = Operand.ACTIVATION, Operand.WEIGHT
     assert scaled_mm_shape_error("fp8_block", (256, 512), act, (384, 512), wt, cuda) is None
-    err = scaled_mm_shape_error("fp8_block", (256, 1280), act, (384, 1280), wt, cuda)  # K/128 = 10
+    # K/128 = 10: only the padded-scale API takes it (absent: refused with the reason; present: runs)
+    err = scaled_mm_shape_error("fp8_block", (256, 1280), act, (384, 1280), wt, cuda, padded_scales=False)
     assert err and "multiple of 4" in err and "1280" in err
+    assert scaled_mm_shape_error("fp8_block", (256, 1280), act, (384, 1280), wt, cuda, padded_scales=True) is None
+    assert (scaled_mm_shape_error("fp8_block", (256, 1280), act, (384, 1280), wt, cuda) is None) \
+        == scaled_mm.padded_scale_api()[0]  # detected from this torch's F.scaled_mm signature
     assert scaled_mm_shape_error("fp8_block", (256, 1280), act, (384, 1280), act, cuda) is None  # 1x128 only
     assert scaled_mm_shape_error("fp8", (256, 1280), act, (384, 1280), wt, cuda) is None
     assert "multiples of 16" in scaled_mm_shape_error("fp8", (256, 40), act, (384, 40), wt, cuda)
@@ -172,7 +177,7 @@ def test_accumulation_tolerance_is_sqrt_k_times_2_to_minus_13():
 
 @pytest.mark.parametrize("promote", [128, None])
 def test_probe_passes_a_gemm_with_14_bit_accumulation(monkeypatch, promote):
-    monkeypatch.setattr(scaled_mm, "_mm", lambda a, b: _truncating_mm(dequantize(a), dequantize(b), 14, promote))
+    monkeypatch.setattr(scaled_mm, "_mm", lambda a, b, **kw: _truncating_mm(dequantize(a), dequantize(b), 14, promote))
     for a_kind, b_kind in OPERAND_PAIRS:
         ok, reason = _probe("fp8_block", a_kind, b_kind, torch.device("cpu"))
         assert ok, reason
@@ -192,7 +197,7 @@ def _one_scale_doubled(op: ScaledOperand) -> ScaledOperand:
 
 @pytest.mark.parametrize("corrupt", [_misplaced_scales, _one_scale_doubled])
 def test_probe_rejects_a_gemm_with_wrong_scales(monkeypatch, corrupt):
-    monkeypatch.setattr(scaled_mm, "_mm", lambda a, b: dequantize(a) @ dequantize(corrupt(b)).t())
+    monkeypatch.setattr(scaled_mm, "_mm", lambda a, b, **kw: dequantize(a) @ dequantize(corrupt(b)).t())
     for a_kind, b_kind in OPERAND_PAIRS:
         ok, reason = _probe("fp8_block", a_kind, b_kind, torch.device("cpu"))
         assert not ok and "disagrees" in reason and "accumulation bound" in reason, reason
