@@ -25,6 +25,14 @@ Tested bitwise against the reference under ``TRITON_INTERPRET=1`` on CPU
 Layout: the kernel addresses the logical (rows, cols) operand through strides, so a
 transposed view (the wgrad operands) is read and written in its physical layout, like the
 reference's colwise path.
+
+Memory traffic, per element of the operand (input of b bytes: 4 fp32, 2 bf16 - read as stored and
+widened in registers): one read (b) and one write - the dequantized fp32 value (4), or for a
+scaled-mm operand the float8 code (1) plus its block's share of one fp32 scale (4/128 for 1x128,
+4/16384 for 128x128). The 16-point RHT runs on the tile in registers for every block width (the
+tile's columns regrouped by 16), so it adds no pass; a tensor amax of the rotated operand comes
+from the amax-only mode (SCALING 6: one more read of b, no write but one fp32 per program). The
+caller's accounting, with the derivation: ``precision/quantize/kernel_calls.bytes_moved``.
 """
 
 from __future__ import annotations

@@ -23,14 +23,17 @@ F.linear would - the one place bf16 arithmetic is used). Y is returned in the
 activation dtype, dX in x's dtype, dW in the weight's.
 
 Memory: backward saves only x and the weight (the same tensors F.linear saves)
-and re-quantizes them; quantized copies are never kept across calls. x is saved as given:
+and re-quantizes them; the emulated backend keeps no quantized copy across calls (the
+torch backend keeps each weight's float8 operands for the step, 1-2 bytes per weight
+element: ``backends/weight_operands.py``). x is saved as given:
 under bf16 autocast the model feeds bf16 (residual stream and norm outputs run in it), so a
 quantized linear saves 2 bytes per input element, as a BF16 one does. Saving Q(X) instead
 would not help here: wgrad quantizes X along T (nvfp4: after the RHT), not along K as fprop
 does, so fprop's Q(X) cannot serve it, and these quantizers return dequantized fp32 values -
 a kept Q(X) would cost 4 bytes per element. A packed copy (FP4 codes + scales, ~0.56 B per
 element, what TE keeps) is a real backend's job. Re-quantizing
-W for dgrad reads W once. For nvfp4's symmetric 16x16 weight blocks Q(Wᵀ) == Q(W)ᵀ,
+W for dgrad reads W once in the emulated backend (the torch backend transposes fprop's
+float8 codes instead, once per step). For nvfp4's symmetric 16x16 weight blocks Q(Wᵀ) == Q(W)ᵀ,
 so fprop's Q(W) could be saved for dgrad instead; we do not: it would save ~4% of
 the quantizer work of a step (W is small next to X and dY) at the price of an fp32
 weight copy per linear and micro-batch in flight.
