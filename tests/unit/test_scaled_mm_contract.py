@@ -210,3 +210,25 @@ def test_gemm_error_is_relative_to_the_absolute_product_per_row_and_column():
     got = a @ b.t()
     got[1, 2] += 1.0
     assert gemm_error(got, a, b) == pytest.approx(1 / (2 * math.sqrt(3)))  # its row: 1 / ||(2, 2, 2)||
+
+
+# --- the fast-accumulation bound (fp8 fprop: use_fast_accum=True, no promotion) --------------------------
+def test_the_fast_accum_bound_holds_without_promotion_where_the_split_bound_fails(monkeypatch):
+    from megatron_snip.precision.backends.scaled_mm import magnitude_ratio
+
+    monkeypatch.setattr(scaled_mm, "_mm", lambda a, b, **kw: _truncating_mm(dequantize(a), dequantize(b), 14, None))
+    ok, reason = _probe("fp8", Operand.ACTIVATION, Operand.WEIGHT, torch.device("cpu"), fast_accum=True)
+    assert ok, reason
+    # at K = 1280 a correct truncating accumulator without promotion exceeds the split bound: the derived
+    # fast bound (one-signed truncation errors add up, ~K^1.5) is what fp8 fprop needs
+    a, b = scaled_mm._probe_operands(1280)
+    qa, qb = quantize_scaled(a, "fp8", Operand.ACTIVATION), quantize_scaled(b, "fp8", Operand.WEIGHT)
+    da, db = dequantize(qa), dequantize(qb)
+    err = gemm_error(_truncating_mm(da, db, 14, None), da, db)
+    assert accumulation_tolerance(1280) < err <= accumulation_tolerance(1280, True, magnitude_ratio(da, db))
+
+
+def test_the_fast_accum_probe_still_rejects_a_wrong_scale(monkeypatch):
+    monkeypatch.setattr(scaled_mm, "_mm", lambda a, b, **kw: dequantize(a) @ dequantize(_one_scale_doubled(b)).t())
+    ok, reason = _probe("fp8", Operand.ACTIVATION, Operand.WEIGHT, torch.device("cpu"), fast_accum=True)
+    assert not ok and "accumulation bound" in reason, reason
