@@ -5,9 +5,11 @@ call path for each GEMM of a linear - ``kernel_calls.scaled_operand`` for each o
 launch stubbed: it counts the bytes of the tensors it reads and writes), then ``scaled_mm._mm`` -
 on meta tensors under a dispatch mode that records every aten op (each one a CUDA launch; views
 and allocations move nothing and are left out) with the bytes of its inputs and outputs. "before"
-replays the design issue #34 found: a 3-pass amax (``x.abs().amax()``), W quantized for fprop and
-again for dgrad on every micro-batch, an fp32 M x N output then a cast to bf16. "after" is the
-code as it is: a one-pass amax (``torch.aminmax``), the output in the activation dtype from the
+replays the design issue #34 found: a 3-pass amax (``x.abs().amax()``) and the tensor scales
+computed on the host side in one-element launches, W quantized for fprop and again for dgrad on
+every micro-batch, an fp32 M x N output then a cast to bf16. "after" is the code as it is: a
+one-pass amax (``torch.aminmax``), the tensor scales derived inside the quantize kernel, the
+output in the activation dtype from the
 GEMM's epilogue, W quantized once per step (``WeightOperands``: 1 quantization + 1 transpose per
 weight and step, shared by the step's m micro-batches, so 1/m of it per GEMM).
 
@@ -33,8 +35,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from megatron_snip.precision.backends import scaled_mm
-from megatron_snip.precision.formats import Operand, get_format
+from megatron_snip.precision.formats import E4M3, Operand, get_format
 from megatron_snip.precision.quantize import kernel_calls
+from megatron_snip.precision.quantize.blocks import _tensor_scales
 from megatron_snip.precision.quantize.scaled import ScaledOperand
 
 HBM_BYTES_S = 3.35e12 * 0.8
@@ -94,10 +97,19 @@ def _stubbed_kernel(mode: _Traffic) -> Iterator[None]:
         kernel_calls.launch_qdq = real
 
 
+def _old_amax_and_scales(x: torch.Tensor) -> torch.Tensor:
+    """The host side of a tensor-scaled operand as issue #34 found it: a 3-pass amax, then the
+    scales' arithmetic and the scalars' copies as one-element launches (the kernel now derives them)."""
+    amax = x.abs().amax().float()
+    scalars = torch.zeros(4, dtype=torch.float32, device=x.device)
+    scalars[0], scalars[1] = _tensor_scales(amax, E4M3)
+    return amax
+
+
 @contextlib.contextmanager
 def _old_amax() -> Iterator[None]:
     real = kernel_calls.tensor_amax
-    kernel_calls.tensor_amax = lambda x: x.abs().amax().float()  # the 3-pass amax issue #34 found
+    kernel_calls.tensor_amax = _old_amax_and_scales
     try:
         yield
     finally:

@@ -306,6 +306,8 @@ def test_tensor_amax_is_one_pass_without_an_abs_temporary(dtype):
     assert amax.dtype == torch.float32 and amax == x.float().abs().amax()
     x[0, 0] = float("nan")
     assert torch.isnan(tensor_amax(x))
+    for zeros in (torch.zeros(8, dtype=dtype), -torch.zeros(8, dtype=dtype)):  # +0, not -0 (NVFP4 divides by it)
+        assert tensor_amax(zeros).view(torch.int32) == 0
 
 
 def test_fp8_operand_quantization_reads_x_once_for_its_amax():

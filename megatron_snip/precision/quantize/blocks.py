@@ -44,7 +44,9 @@ def tensor_amax(x: torch.Tensor) -> torch.Tensor:
     bf16 (its max is a bf16 value, so the fp32 result is the fp32 tensor's amax bit for bit).
     tests/unit/test_fp8_fast_path.py counts the passes."""
     lo, hi = torch.aminmax(x.detach())
-    return torch.maximum(-lo, hi).to(torch.float32)
+    # abs: for an all-zero x, maximum(-0.0, 0.0) may be -0.0, and 448 * 6 / -0.0 = -Inf would poison
+    # NVFP4's tensor scale (0-d: a scalar op, not a pass)
+    return torch.maximum(-lo, hi).abs().to(torch.float32)
 
 
 def _tensor_scales(a: torch.Tensor, elem: Element) -> tuple[torch.Tensor, torch.Tensor]:

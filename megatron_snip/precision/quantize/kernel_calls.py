@@ -3,9 +3,10 @@
 
 ``qdq`` is ``blocks._qdq`` and ``scaled_operand`` is ``scaled.scaled_elements`` + the float8
 cast, each as one fused kernel launch, bit for bit (tests/unit/test_kernels.py under
-``TRITON_INTERPRET=1``, scripts/gpu_check.sh on CUDA). The tensor scales are the reference's own
-(``_tensor_scales``, ``_nvfp4_tensor_scales``), computed here and handed to the kernel in
-``scalars``. Importing this module imports Triton: ``compiled.cuda_kernels`` does so lazily.
+``TRITON_INTERPRET=1``, scripts/gpu_check.sh on CUDA). For a tensor scale the amax is taken
+here (``tensor_amax``, one pass; ``rotated_amax`` under the RHT) and handed to the kernel, which
+derives the scales as the reference's ``_tensor_scales`` / ``_nvfp4_tensor_scales`` do. Importing
+this module imports Triton: ``compiled.cuda_kernels`` does so lazily.
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ from megatron_snip.precision.formats import E4M3, Format, Operand, Scaling, get_
 from megatron_snip.precision.quantize.bits import _F32_MAX
 from megatron_snip.precision.quantize.blocks import (
     _MAX_MANTISSA_BITS,
+    _NVFP4_TENSOR_MAX,
     _RCP_E2M1_MAX,
-    _nvfp4_tensor_scales,
-    _tensor_scales,
     tensor_amax,
 )
 from megatron_snip.precision.quantize.hadamard import RHT_SIGNS, RHT_SIZE
@@ -68,15 +68,13 @@ def qdq(p: torch.Tensor, spec: Format, operand: Operand, hadamard: bool, colwise
     stride_r, stride_c = (1, p.shape[1]) if colwise else (p.shape[1], 1)
     elem = spec.element_for(operand) if spec.quantizes else E4M3  # E4M3: placeholder constants for NONE
     tr, nb, bs, block_2d = _tile(spec, operand, hadamard)
-    if spec.quantizes and spec.uses_tensor_amax and amax is None:
-        amax = rotated_amax(p, colwise) if hadamard else tensor_amax(p)
-    scalars = torch.zeros(4, dtype=torch.float32, device=p.device)
-    if spec.scaling is Scaling.TENSOR:
-        scale, scale_inv = _tensor_scales(amax, elem)
-        scalars[0], scalars[1] = scale, scale_inv
-    elif spec.scaling is Scaling.BLOCK_E4M3_TENSOR:  # amax = the max of the block amaxes
-        s_enc, s_dec = _nvfp4_tensor_scales(amax)
-        scalars[0], scalars[1], scalars[2] = s_enc * _RCP_E2M1_MAX, s_dec, amax
+    # the kernel derives the tensor scales from the amax itself (no host-side scalar launches)
+    if spec.quantizes and spec.uses_tensor_amax:
+        if amax is None:  # nvfp4: = the max of the block amaxes
+            amax = rotated_amax(p, colwise) if hadamard else tensor_amax(p)
+        scalars = amax.to(torch.float32).reshape(1)
+    else:
+        scalars = torch.empty(1, dtype=torch.float32, device=p.device)  # unused
     y = torch.empty(p.shape, dtype=torch.float32, device=p.device)
     _launch(p, y, scalars, seeds, scalars, rows, cols, stride_r, stride_c, spec, elem, tr, nb, bs, block_2d,
             hadamard, out_elements=False)
@@ -91,7 +89,7 @@ def rotated_amax(p: torch.Tensor, colwise: bool) -> torch.Tensor:
     stride_r, stride_c = (1, p.shape[1]) if colwise else (p.shape[1], 1)
     tr, nb, bs, _ = _tile(_IDENTITY, Operand.ACTIVATION, True)
     partial = torch.empty(launch_grid(rows, cols, tr, nb, bs), dtype=torch.float32, device=p.device)
-    scalars = torch.zeros(4, dtype=torch.float32, device=p.device)
+    scalars = torch.empty(1, dtype=torch.float32, device=p.device)  # unused
     launch_qdq(p, partial, scalars, None, partial, rows, cols, stride_r, stride_c, tr=tr, nb=nb, bs=bs,
                block_2d=False, scaling=_AMAX_ONLY, emin=E4M3.emin, emax=E4M3.emax, mbits=E4M3.mbits,
                maxv=E4M3.max, round_up=False, max_mant=0, hadamard=True, rht_neg=_RHT_NEG_MASK, f32max=_F32_MAX,
@@ -108,7 +106,7 @@ def _launch(x, y, scalars, seeds, scales_out, rows, cols, stride_r, stride_c, sp
         emin=elem.emin, emax=elem.emax, mbits=elem.mbits, maxv=elem.max,
         round_up=bool(spec.e8m0_round_up), max_mant=_MAX_MANTISSA_BITS[elem.name],
         hadamard=hadamard, rht_neg=_RHT_NEG_MASK, f32max=_F32_MAX, mix_mul1=_MIX_MUL1, mix_mul2=_MIX_MUL2,
-        out_elements=out_elements,
+        out_elements=out_elements, tensor_max=_NVFP4_TENSOR_MAX, rcp_max=_RCP_E2M1_MAX,
     )
 
 _FLOAT8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
@@ -130,12 +128,11 @@ def scaled_operand(x: torch.Tensor, spec: Format, operand: Operand,
     assert spec.scaling in (Scaling.TENSOR, Scaling.BLOCK_POW2) and x.dim() == 2
     elem = spec.element_for(operand)
     rows, cols = x.shape
-    scalars = torch.zeros(4, dtype=torch.float32, device=x.device)
-    if spec.scaling is Scaling.TENSOR:
-        scale, scale_inv = _tensor_scales(tensor_amax(x) if amax is None else amax, elem)
-        scalars[0], scalars[1] = scale, scale_inv
-        scales_out = scale_inv
+    if spec.scaling is Scaling.TENSOR:  # the kernel derives the scales from the amax, writes the decode scale
+        scalars = (tensor_amax(x) if amax is None else amax).to(torch.float32).reshape(1)
+        scales_out = torch.empty((), dtype=torch.float32, device=x.device)
     else:
+        scalars = torch.empty(1, dtype=torch.float32, device=x.device)  # unused
         br, bc = spec.block_for(operand)
         scales_out = torch.empty(rows // br, cols // bc, dtype=torch.float32, device=x.device)
     tr, nb, bs, block_2d = _tile(spec, operand, False)
