@@ -473,7 +473,7 @@ def force_fallback() -> None:
     """Make every scaled-mm call fail, as a torch build that refuses it would (tests the checks)."""
     from megatron_snip.precision.backends import scaled_mm
 
-    def refuse(a, b):
+    def refuse(a, b, **kw):  # kw: out_dtype, fast_accum
         raise RuntimeError("scaled-mm refused on purpose (gpu_check --force-fallback)")
 
     scaled_mm._mm = refuse
