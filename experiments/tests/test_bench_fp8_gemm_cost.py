@@ -12,7 +12,7 @@ pytest.importorskip("triton", reason='the model stubs the Triton launch of kerne
 # interpreter mode, and triton.jit reads it at import); the launch is stubbed here anyway.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from experiments.bench import fp8_gemm_cost as cost  # noqa: E402
+from experiments.bench import fp8_gemm_cost as cost
 
 
 def test_after_moves_fewer_bytes_and_keeps_w_off_the_micro_batch():
