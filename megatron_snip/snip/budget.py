@@ -27,7 +27,8 @@ The choice at a re-plan at step ``t`` (``plan_interval``), all in exact rational
   picks its own share: the smallest ``mu`` whose picks reach ``R``), ties at that ``mu`` resolved
   by raising the interval with the lowest share first (so equal intervals get equal shares), then a
   greedy fix-up that lowers any share the budget can spare. Its cost is at most the optimum plus
-  ``mu * (sum_i len_i s_i - R)``, the Lagrangian bound ``Allocation.lower_bound`` certifies.
+  ``mu`` times the Lagrangian picks' overshoot of ``R`` (``Allocation.gap``, certified by the dual
+  bound ``Allocation.lower_bound``); exact for a convex curve on equal intervals.
 * Only the current interval's share is applied. The last interval takes the exact remainder
   ``R / len`` (clamped to the grid's range), so the run lands on ``rho`` up to the last plan's
   rounding to decision units.
@@ -43,6 +44,7 @@ Pure functions (no ranks, no logging, no clocks; the LR schedule comes in as a f
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -139,7 +141,7 @@ def intervals_from(step: int, points: Iterable[int], max_steps: int, lr: Callabl
     weight = mean over the interval's steps of ``(lr_peak / lr(t)) ** power`` (every LR > 0)."""
     cuts = [step] + sorted(p for p in set(points) if step < p < max_steps) + [max_steps]
     out = []
-    for a, b in zip(cuts, cuts[1:]):
+    for a, b in itertools.pairwise(cuts):
         if b <= a:
             continue
         if power == 0:
@@ -160,9 +162,12 @@ class Allocation:
         shares: the grid share of each interval, in order.
         cost: sum_i w_i len_i C(s_i).
         lower_bound: the Lagrangian dual value at ``multiplier``: no allocation meeting the budget
-            costs less. ``cost - lower_bound <= multiplier * overshoot``.
+            costs less.
         multiplier: mu, the budget's shadow price (cost per share-step).
         overshoot: sum_i len_i s_i - need (>= 0).
+        gap: ``cost - lower_bound`` is at most this, so the cost is within ``gap`` of the optimum:
+            mu times the overshoot of the Lagrangian picks before the fix-up (whose cost is exactly
+            ``lower_bound + gap``; the fix-up only lowers it).
     """
 
     shares: tuple[Fraction, ...]
@@ -170,6 +175,7 @@ class Allocation:
     lower_bound: Fraction
     multiplier: Fraction
     overshoot: Fraction
+    gap: Fraction
 
 
 def allocate(lengths: Sequence[int], weights: Sequence[Fraction], grid: Sequence[Fraction],
@@ -226,6 +232,7 @@ def allocate(lengths: Sequence[int], weights: Sequence[Fraction], grid: Sequence
         total += ties[i][pick[i] + 1][0] - ties[i][pick[i]][0]
         pick[i] += 1
     chosen = [ties[i][pick[i]] for i in range(len(ties))]
+    gap = mu * (total - need)
     while True:  # fix-up: the single lowering that saves most while the budget still holds
         best = None
         for i, (a, c, _) in enumerate(chosen):
@@ -239,7 +246,7 @@ def allocate(lengths: Sequence[int], weights: Sequence[Fraction], grid: Sequence
         chosen[i] = o
     bound = sum(min(c - mu * a for a, c, _ in opt) for opt in options) + mu * need
     return Allocation(shares=tuple(grid[j] for _, _, j in chosen), cost=sum(c for _, c, _ in chosen),
-                      lower_bound=bound, multiplier=mu, overshoot=total - need)
+                      lower_bound=bound, multiplier=mu, overshoot=total - need, gap=gap)
 
 
 @dataclass(frozen=True)

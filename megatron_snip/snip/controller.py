@@ -32,6 +32,7 @@ from megatron_snip.model.shapes import linear_numel, model_linear_shapes
 from megatron_snip.parallel import comm
 from megatron_snip.precision.plan import GemmId, PrecisionPlan
 from megatron_snip.snip import ilp, truth
+from megatron_snip.snip.budget import RunBudget
 from megatron_snip.snip.gather import reduce_snapshot
 from megatron_snip.snip.host import Replan, SnipHost, TokenSource
 from megatron_snip.snip.metrics import predicted_divergence
@@ -43,7 +44,6 @@ from megatron_snip.snip.policies import (
     parse_policy,
     policy_costs,
 )
-from megatron_snip.snip.budget import RunBudget
 from megatron_snip.snip.stats import ProbeConfig, StatsCollector
 
 
