@@ -30,8 +30,9 @@ The choice at a re-plan at step ``t`` (``plan_interval``), all in exact rational
   ``mu`` times the Lagrangian picks' overshoot of ``R`` (``Allocation.gap``, certified by the dual
   bound ``Allocation.lower_bound``); exact for a convex curve on equal intervals.
 * Only the current interval's share is applied. The last interval takes the exact remainder
-  ``R / len`` (clamped to the grid's range), so the run lands on ``rho`` up to the last plan's
-  rounding to decision units.
+  ``R / len`` (clamped to ``[0, high]`` only: it may fall below the grid's low end, since every
+  plan rounds its share up to whole decision units and that credit comes off the end), so the run
+  lands on ``rho`` up to the last plan's rounding to decision units.
 
 Consequences, tested in ``tests/unit/test_run_budget.py``: with ``p = 0`` and a convex curve the
 allocation is ``rho`` in every interval (the run budget is the plan budget); with a linear curve
@@ -292,8 +293,9 @@ def plan_interval(step: int, run_target: float, horizon: tuple[int, int], histor
     """The share of the interval starting at ``step`` (``intervals[0]``), from the plans already in force
     (``history``, see ``spent_share_steps``) and the cost curve over ``grid`` (module docstring).
 
-    The last interval takes the exact remainder; a remainder or an allocation the grid cannot hold
-    is clamped to the reachable range and says so (``clamped``: the run then misses or passes rho)."""
+    The last interval takes the exact remainder (clamped to [0, the largest reachable share]); an
+    allocation the grid cannot hold spends the largest share everywhere; both say so in ``clamped``
+    (the run then misses or passes rho)."""
     assert intervals and intervals[0].start == step, "intervals start at the re-plan step"
     rho = decimal(run_target)
     length = horizon[1] - horizon[0]
@@ -302,14 +304,17 @@ def plan_interval(step: int, run_target: float, horizon: tuple[int, int], histor
     reachable = [s for s, c in zip(grid, curve) if c != float("inf")]
     if not reachable:
         raise InfeasibleError(f"no share of the grid {[float(s) for s in grid]} can be planned")
-    low, high = min(reachable), max(reachable)
+    high = max(reachable)
     clamped = None
     if len(intervals) == 1:
+        # Below the range is allowed here: earlier plans round their shares up to whole decision units,
+        # and where the allocation had already put the last intervals at the range's low end that credit
+        # can only come off the last one. Past the top (or below 0) it cannot be planned.
         exact = need / intervals[0].length
-        share = min(max(exact, low), high)
+        share = min(max(exact, Fraction(0)), high)
         if share != exact:
             clamped = (f"the exact remainder {float(exact):.6g} is outside the reachable range "
-                       f"[{float(low):g}, {float(high):g}]")
+                       f"[0, {float(high):g}]")
         schedule = ((intervals[0].start, intervals[0].end, share),)
     else:
         try:

@@ -202,3 +202,91 @@ def test_switch_needs_a_static_rule():
     for bad in ("snip+switch", "+switch", "uniform:nvfp4+switch"):
         with pytest.raises(ValueError, match=r"'\+switch' follows a static rule"):
             make_plan(bad, _ctx(0.75, None))
+
+
+# --- in a run ----------------------------------------------------------------------------
+RUN = ["snip.enabled=true", "snip.warmup=2", "snip.interval=4", "snip.probe_batches=1", "snip.noise_draws=1",
+       "snip.granularity=gemm", "snip.fair_share=true", "snip.budget=run", "snip.fp4_target=0.75",
+       "snip.budget_share_range=[0.3, 0.95]", "training.lr_schedule=wsd", "training.max_steps=16",
+       "training.log_interval=1", "training.eval_interval=100"]
+
+
+def _fit(overrides, crash_after=None):
+    from megatron_snip.snip.controller import SnipController
+    from megatron_snip.training.trainer import Trainer
+
+    class Crash(Exception):
+        pass
+
+    class CrashAfter:
+        def before_step(self, trainer, step):
+            pass
+
+        def after_step(self, trainer, step):
+            if trainer.step == crash_after:
+                raise Crash
+
+    cfg = load_config(TINY, overrides)
+    tr = Trainer(cfg)
+    ctl = SnipController(cfg, tr)
+    try:
+        tr.fit([ctl] + ([CrashAfter()] if crash_after else []))
+        ctl.on_train_end(tr)
+    except Crash:
+        pass
+    tr.logger.close()
+    return tr
+
+
+def _run_share(plans, horizon, numel):
+    history = [(p.step, budget.fp4_fraction(p.entries, numel)) for p in plans]
+    return budget.spent_share_steps(history, *horizon) / (horizon[1] - horizon[0])
+
+
+def test_a_run_spends_rho_over_its_horizon(small_overrides, tmp_path):
+    """tail+switch (NVIDIA's recipe) under the run budget on the small model: the recorded plans' shares,
+    weighted by the steps each was in force over [warmup, max_steps), reach rho and pass it by less
+    than one decision unit's share over the last interval (its exact remainder is a target the
+    fair-share rule meets within one unit); the decay onset re-planned, promoting there."""
+    tr = _fit(small_overrides + RUN + ["snip.policy=tail+switch"])
+    numel = linear_numel(model_linear_shapes(tr.cfg.model))
+    plans = tr.plan_history
+    onset = wsd_decay_start(tr.cfg.training)
+    assert [p.step for p in plans] == [0, 2, 6, 10, onset, 14] and onset == 13
+    last = dict(plans[-1].extra)
+    assert "budget_note" not in last  # the last interval's exact remainder was within the range
+    share = _run_share(plans, (2, 16), numel)
+    unit = F(max(numel.values()), sum(numel[g.linear] for g, _ in plans[-1].entries))
+    assert F(3, 4) <= share < F(3, 4) + unit * F(16 - 14, 16 - 2)  # unit: the heaviest GEMM's share
+    assert math.isclose(last["budget_unspent"], 0.0, abs_tol=1e-12)  # the recorded state agrees: nothing left
+    before, after = dict(plans[3].extra), dict(plans[4].extra)
+    assert after["budget_interval_share"] < before["budget_interval_share"] and after["switched"] is True
+    rows = [r for r in map(__import__("json").loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+            if "budget_unspent" in r]
+    assert [r["step"] for r in rows] == [2, 6, 10, 13, 14] and (tmp_path / "run" / "timeline.png").stat().st_size > 0
+
+
+def test_the_budget_state_survives_a_resume_bitwise(small_overrides, tmp_path):
+    """SNIP under the run budget, preempted after step 8 and resumed: the same plans (hashes), the same
+    budget records (every plan.extra field, exactly: the spent share is re-derived from the
+    checkpointed plan history) and the same losses as the uninterrupted run."""
+    import json
+
+    full = _fit(small_overrides + RUN + ["snip.policy=snip"])
+    run2 = tmp_path / "run2"
+    over2 = [o for o in small_overrides if not o.startswith("training.run_dir")] + [f"training.run_dir={run2}"] + RUN
+    _fit(over2 + ["snip.policy=snip", "training.save_interval=4"], crash_after=8)
+    resumed = _fit(over2 + ["snip.policy=snip", "training.resume=true"])
+    assert [p.hash for p in resumed.plan_history] == [p.hash for p in full.plan_history]
+
+    def budget_fields(plans):
+        return [{k: v for k, v in p.extra if k.startswith("budget") or k == "run_target"} for p in plans]
+
+    assert budget_fields(resumed.plan_history) == budget_fields(full.plan_history)
+    assert any(f for f in budget_fields(full.plan_history))
+
+    def losses(d):
+        return {r["step"]: r["loss"] for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())
+                if "loss" in r}
+
+    assert losses(run2) == losses(tmp_path / "run")
