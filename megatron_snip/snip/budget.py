@@ -377,3 +377,31 @@ class RunBudget:
         share from its entries) and the policy's cost curve over ``grid``."""
         history = [(p.step, fp4_fraction(p.entries, linear_numel)) for p in plans]
         return plan_interval(step, self.run_target, self.horizon, history, self.intervals(step), self.grid, curve)
+
+
+def schedule_lines(cfg: Config) -> list[str]:
+    """The dry run's account of a run-level budget (``snip.budget = "run"``): horizon, re-plan steps,
+    interval weights, and the schedule a static rule would get (cost linear in the share: no
+    statistics yet). Empty under the plan budget."""
+    s = cfg.snip
+    if s.budget != "run":
+        return []
+    rb = RunBudget.for_run(cfg)
+    start, end = rb.horizon
+    if start >= end:
+        return [f"run budget  snip.budget=\"run\" but snip.warmup={start} >= training.max_steps={end}: no re-plan, "
+                f"the initial plan runs throughout"]
+    ivs = rb.intervals(start)
+    alloc = allocate([iv.length for iv in ivs], [iv.weight for iv in ivs], rb.grid, list(rb.grid),
+                     decimal(rb.run_target) * (end - start))
+    onset = f" (incl. the WSD decay onset {wsd_decay_start(cfg.training)})" if cfg.training.lr_schedule == "wsd" else ""
+    return [
+        f"run budget  FP4 share {s.fp4_target:g} over steps [{start}, {end}) ({end - start} steps), each interval in "
+        f"[{s.budget_share_range[0]:g}, {s.budget_share_range[1]:g}] by {s.budget_share_step:g}; cost weight "
+        f"(lr_peak/lr)^{s.budget_lr_power:g}",
+        f"  re-plans at {list(rb.points)}{onset}; interval weights "
+        + ", ".join(f"{iv.start}-{iv.end}: {float(iv.weight):.3g}" for iv in ivs),
+        "  a static rule (cost linear in the share) plans " + ", ".join(
+            f"{iv.start}-{iv.end}: {float(x):g}" for iv, x in zip(ivs, alloc.shares))
+        + "; SNIP re-solves at every re-plan on its measured cost curve",
+    ]

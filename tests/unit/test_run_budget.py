@@ -290,3 +290,21 @@ def test_the_budget_state_survives_a_resume_bitwise(small_overrides, tmp_path):
                 if "loss" in r}
 
     assert losses(run2) == losses(tmp_path / "run")
+
+    # offline: scripts/solve_plan.py --run-dir answers the same share (and plan) for the step-10 interval
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("solve_plan", "scripts/solve_plan.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["solve_plan"] = mod
+    spec.loader.exec_module(mod)
+    run, out = tmp_path / "run", tmp_path / "offline"
+    assert mod.main(["--stats", str(run / "plans/step_000010_stats.json"), "--run-dir", str(run),
+                     "--granularity", "gemm", "--out", str(out)]) == 0
+    online = next(p for p in full.plan_history if p.step == 10)
+    offline = json.loads((out / "budget.json").read_text())
+    assert offline == {k: v for k, v in online.extra if k.startswith("budget") or k == "run_target"}
+    assert json.loads((out / "plan.json").read_text())["entries"] == {g.key: f for g, f in online.entries}
+    assert mod.main(["--stats", str(run / "plans/step_000010_stats.json"), "--run-dir", str(tmp_path),
+                     "--out", str(out)]) == 2  # no config.toml there
