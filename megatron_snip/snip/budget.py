@@ -28,7 +28,10 @@ The choice at a re-plan at step ``t`` (``plan_interval``), all in exact rational
   by raising the interval with the lowest share first (so equal intervals get equal shares), then a
   greedy fix-up that lowers any share the budget can spare. Its cost is at most the optimum plus
   ``mu`` times the Lagrangian picks' overshoot of ``R`` (``Allocation.gap``, certified by the dual
-  bound ``Allocation.lower_bound``); exact for a convex curve on equal intervals.
+  bound ``Allocation.lower_bound``). Unequal intervals make it a real knapsack, where that gap can
+  be some 20% on small instances, so wherever the table is small (``DP_LIMIT``: always at the
+  shipped schedules) an exact dynamic program over the share-steps, in units of the grid step times
+  the lengths' gcd, replaces it; among equal costs it takes the most even shares.
 * Only the current interval's share is applied. The last interval takes the exact remainder
   ``R / len`` (clamped to ``[0, high]`` only: it may fall below the grid's low end, since every
   plan rounds its share up to whole decision units and that credit comes off the end), so the run
@@ -46,6 +49,7 @@ Pure functions (no ranks, no logging, no clocks; the LR schedule comes in as a f
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -168,7 +172,8 @@ class Allocation:
         overshoot: sum_i len_i s_i - need (>= 0).
         gap: ``cost - lower_bound`` is at most this, so the cost is within ``gap`` of the optimum:
             mu times the overshoot of the Lagrangian picks before the fix-up (whose cost is exactly
-            ``lower_bound + gap``; the fix-up only lowers it).
+            ``lower_bound + gap``; the fix-up and the exact program only lower it).
+        exact: the shares are the optimum (the dynamic program ran).
     """
 
     shares: tuple[Fraction, ...]
@@ -177,12 +182,17 @@ class Allocation:
     multiplier: Fraction
     overshoot: Fraction
     gap: Fraction
+    exact: bool = False
+
+
+DP_LIMIT = 2_000_000  # interval x state x share steps up to which ``allocate`` solves exactly
 
 
 def allocate(lengths: Sequence[int], weights: Sequence[Fraction], grid: Sequence[Fraction],
-             curve: Sequence[float], need: Fraction) -> Allocation:
+             curve: Sequence[float], need: Fraction, dp_limit: int = DP_LIMIT) -> Allocation:
     """Minimise sum_i weights[i] * lengths[i] * curve[s_i] over grid shares s_i with
-    sum_i lengths[i] * s_i >= need (module docstring: Lagrangian sweep, then a greedy fix-up).
+    sum_i lengths[i] * s_i >= need (module docstring: Lagrangian sweep and greedy fix-up, replaced
+    by the exact dynamic program where its table has at most ``dp_limit`` cells x options).
 
     ``curve[j]`` is C(grid[j]); ``math.inf`` marks a share no plan reaches (left out). ValueError for
     mismatched inputs or an empty grid; ``InfeasibleError`` when even the largest reachable share
@@ -232,22 +242,72 @@ def allocate(lengths: Sequence[int], weights: Sequence[Fraction], grid: Sequence
                 key=lambda k: (grid[ties[k][pick[k]][2]], k))
         total += ties[i][pick[i] + 1][0] - ties[i][pick[i]][0]
         pick[i] += 1
-    chosen = [ties[i][pick[i]] for i in range(len(ties))]
-    gap = mu * (total - need)
-    while True:  # fix-up: the single lowering that saves most while the budget still holds
+    lagrangian = [ties[i][pick[i]] for i in range(len(ties))]
+    gap = mu * (sum(o[0] for o in lagrangian) - need)
+    # A second start for the knapsack's granularity (unequal intervals): from the picks just below mu
+    # (short of the need), the cheapest raise per share-step at a time until the need is met.
+    cheap = [t[0] for t in ties]
+    while sum(o[0] for o in cheap) < need:
+        i, o = min(((k, o) for k in range(len(cheap)) for o in options[k] if o[0] > cheap[k][0]),
+                   key=lambda m: ((m[1][1] - cheap[m[0]][1]) / (m[1][0] - cheap[m[0]][0]), grid[cheap[m[0]][2]], m[0]))
+        cheap[i] = o
+    chosen = min((_lower_while_feasible(lagrangian, options, need), _lower_while_feasible(cheap, options, need)),
+                 key=lambda picks: sum(c for _, c, _ in picks))  # on equal costs the first: equal shares
+    exact = _exact(lengths, options, need, dp_limit)
+    if exact is not None:
+        assert sum(c for _, c, _ in exact) <= sum(c for _, c, _ in chosen), "the program is the optimum"
+        chosen = exact
+    total = sum(a for a, _, _ in chosen)
+    bound = sum(min(c - mu * a for a, c, _ in opt) for opt in options) + mu * need
+    return Allocation(shares=tuple(grid[j] for _, _, j in chosen), cost=sum(c for _, c, _ in chosen),
+                      lower_bound=bound, multiplier=mu, overshoot=total - need, gap=gap, exact=exact is not None)
+
+
+def _exact(lengths: Sequence[int], options: list[list[tuple[Fraction, Fraction, int]]], need: Fraction,
+           limit: int) -> list[tuple[Fraction, Fraction, int]] | None:
+    """The optimum by dynamic programming over the share-steps raised above each interval's lowest
+    option, in units of their common divisor (the grid step times the lengths' gcd), capped at the
+    need; None when the table (intervals x states x options) would exceed ``limit``. Among equal
+    costs it takes the most even shares (least sum_i len_i * s_i^2)."""
+    base = sum(opt[0][0] for opt in options)
+    steps = [[o[0] - opt[0][0] for o in opt] for opt in options]
+    nonzero = [d for row in steps for d in row if d]
+    if not nonzero:
+        return [opt[0] for opt in options]
+    unit = Fraction(math.gcd(*(d.numerator for d in nonzero)), math.lcm(*(d.denominator for d in nonzero)))
+    cap = max(0, math.ceil((need - base) / unit))
+    if len(options) * (cap + 1) * max(len(o) for o in options) > limit:
+        return None
+    # value[t]: (cost, evenness, picks) of the best picks so far that raise min(t, cap) units
+    value: dict[int, tuple[Fraction, Fraction, tuple[int, ...]]] = {0: (Fraction(0), Fraction(0), ())}
+    for n, opt, row in zip(lengths, options, steps):
+        nxt: dict[int, tuple[Fraction, Fraction, tuple[int, ...]]] = {}
+        for t, (cost, even, picks) in value.items():
+            for k, (o, d) in enumerate(zip(opt, row)):
+                u = min(cap, t + int(d / unit))
+                cand = (cost + o[1], even + o[0] * o[0] / n, (*picks, k))
+                if u not in nxt or cand[:2] < nxt[u][:2]:
+                    nxt[u] = cand
+        value = nxt
+    return [opt[k] for opt, k in zip(options, value[cap][2])]
+
+
+def _lower_while_feasible(picks: list[tuple[Fraction, Fraction, int]], options: list[list[tuple[Fraction, Fraction, int]]],
+                          need: Fraction) -> list[tuple[Fraction, Fraction, int]]:
+    """The fix-up: repeatedly the single lowering of one interval's share that saves most while the
+    picks' share-steps still reach ``need``."""
+    chosen, total = list(picks), sum(a for a, _, _ in picks)
+    while True:
         best = None
         for i, (a, c, _) in enumerate(chosen):
             for o in options[i]:
                 if o[0] < a and o[1] < c and total - a + o[0] >= need and (best is None or c - o[1] > best[0]):
                     best = (c - o[1], i, o)
         if best is None:
-            break
+            return chosen
         _, i, o = best
         total += o[0] - chosen[i][0]
         chosen[i] = o
-    bound = sum(min(c - mu * a for a, c, _ in opt) for opt in options) + mu * need
-    return Allocation(shares=tuple(grid[j] for _, _, j in chosen), cost=sum(c for _, c, _ in chosen),
-                      lower_bound=bound, multiplier=mu, overshoot=total - need, gap=gap)
 
 
 @dataclass(frozen=True)
@@ -389,16 +449,16 @@ def schedule_lines(cfg: Config) -> list[str]:
     rb = RunBudget.for_run(cfg)
     start, end = rb.horizon
     if start >= end:
-        return [f"run budget  snip.budget=\"run\" but snip.warmup={start} >= training.max_steps={end}: no re-plan, "
-                f"the initial plan runs throughout"]
+        return [(f"run budget  snip.budget=\"run\" but snip.warmup={start} >= training.max_steps={end}: no re-plan, "
+                f"the initial plan runs throughout")]
     ivs = rb.intervals(start)
     alloc = allocate([iv.length for iv in ivs], [iv.weight for iv in ivs], rb.grid, list(rb.grid),
                      decimal(rb.run_target) * (end - start))
     onset = f" (incl. the WSD decay onset {wsd_decay_start(cfg.training)})" if cfg.training.lr_schedule == "wsd" else ""
     return [
-        f"run budget  FP4 share {s.fp4_target:g} over steps [{start}, {end}) ({end - start} steps), each interval in "
+        (f"run budget  FP4 share {s.fp4_target:g} over steps [{start}, {end}) ({end - start} steps), each interval in "
         f"[{s.budget_share_range[0]:g}, {s.budget_share_range[1]:g}] by {s.budget_share_step:g}; cost weight "
-        f"(lr_peak/lr)^{s.budget_lr_power:g}",
+        f"(lr_peak/lr)^{s.budget_lr_power:g}"),
         f"  re-plans at {list(rb.points)}{onset}; interval weights "
         + ", ".join(f"{iv.start}-{iv.end}: {float(iv.weight):.3g}" for iv in ivs),
         "  a static rule (cost linear in the share) plans " + ", ".join(

@@ -56,25 +56,28 @@ def _instance(rng, convex, equal):
 
 @pytest.mark.parametrize("convex,equal", [(True, True), (True, False), (False, False)])
 def test_allocation_against_the_oracle(convex, equal):
-    """Feasible, never cheaper than the optimum, and within the Lagrangian certificate of it:
-    cost <= lower_bound + gap and lower_bound <= optimum. Exact for convex costs on
+    """The exact program equals the brute-force optimum; the Lagrangian sweep alone (``dp_limit=0``,
+    what runs where the table is too large) is feasible, never cheaper than the optimum, within its
+    certificate (cost <= lower_bound + gap, lower_bound <= optimum) and exact for convex costs on
     equal intervals (a separable convex resource allocation)."""
     rng = random.Random(7 + 10 * convex + equal)
-    exact = 0
     for _ in range(150):
         lengths, weights, grid, curve, need = _instance(rng, convex, equal)
-        got = allocate(lengths, weights, grid, curve, need)
         best, _ = oracle(lengths, weights, grid, curve, need)
-        assert sum(n * s for n, s in zip(lengths, got.shares)) - need == got.overshoot >= 0
-        assert got.cost == sum(F(w) * n * F(curve[grid.index(s)]) for n, w, s in zip(lengths, weights, got.shares))
-        assert got.lower_bound <= best <= got.cost <= got.lower_bound + got.gap
-        exact += got.cost == best
+        got = allocate(lengths, weights, grid, curve, need)
+        assert got.exact and got.cost == best
+        sweep = allocate(lengths, weights, grid, curve, need, dp_limit=0)
+        assert not sweep.exact
+        for a in (got, sweep):
+            assert sum(n * s for n, s in zip(lengths, a.shares)) - need == a.overshoot >= 0
+            assert a.cost == sum(F(w) * n * F(curve[grid.index(s)]) for n, w, s in zip(lengths, weights, a.shares))
+        assert sweep.lower_bound <= best <= sweep.cost <= sweep.lower_bound + sweep.gap
         if convex and equal:
-            assert got.cost == best
-    assert exact >= 100  # the heuristic is mostly exact on these sizes, not merely bounded
+            assert sweep.cost == best
 
 
-def test_p0_gives_the_plan_budget():
+@pytest.mark.parametrize("dp_limit", [budget.DP_LIMIT, 0])
+def test_p0_gives_the_plan_budget(dp_limit):
     """p = 0: every interval weighs the same; with a convex or a linear cost and rho on the grid each
     interval gets rho (ties broken towards equal shares), whatever the interval lengths."""
     grid = share_grid(0.5, 0.95, 0.05)
@@ -83,11 +86,12 @@ def test_p0_gives_the_plan_budget():
     rho = F(3, 4)
     need = rho * 90
     for curve in (list(grid), [float(s) ** 2 for s in grid], [math.exp(float(s)) for s in grid]):
-        got = allocate([iv.length for iv in ivs], [iv.weight for iv in ivs], grid, curve, need)
+        got = allocate([iv.length for iv in ivs], [iv.weight for iv in ivs], grid, curve, need, dp_limit)
         assert got.shares == (rho,) * 5 and got.overshoot == 0
 
 
-def test_a_linear_cost_is_bang_bang_fp4_early_promotion_late():
+@pytest.mark.parametrize("dp_limit", [budget.DP_LIMIT, 0])
+def test_a_linear_cost_is_bang_bang_fp4_early_promotion_late(dp_limit):
     """Static rules price every FP4 FLOP alike (C(s) = s): the allocation puts the largest share where the
     weight is lowest (high LR, early) and the smallest late, with at most one interval in between -
     NVIDIA's switch before decay, as the optimum of the allocation."""
@@ -95,7 +99,7 @@ def test_a_linear_cost_is_bang_bang_fp4_early_promotion_late():
     cfg = load_config(TINY, ["training.max_steps=200", "training.lr_schedule=cosine", "training.warmup_steps=0"])
     ivs = intervals_from(0, range(0, 200, 20), 200, lambda t: lr_at(t, cfg.training), cfg.training.lr, 1.0)
     assert all(a.weight < b.weight for a, b in itertools.pairwise(ivs))
-    got = allocate([iv.length for iv in ivs], [iv.weight for iv in ivs], grid, list(grid), F(4, 5) * 200)
+    got = allocate([iv.length for iv in ivs], [iv.weight for iv in ivs], grid, list(grid), F(4, 5) * 200, dp_limit)
     shares = list(got.shares)
     assert shares == sorted(shares, reverse=True) and shares[0] == grid[-1] and shares[-1] == grid[0]
     assert sum(1 for s in shares if grid[0] < s < grid[-1]) <= 1
