@@ -194,6 +194,7 @@ class SnipConfig:
     budget: str = "plan"
     # budget="run": the shares an interval may take, [low, high], on a grid of budget_share_step.
     budget_share_range: tuple[float, ...] = (0.5, 0.95)
+    # budget="run": the grid step of the interval shares (each grid share is one ILP solve of SNIP's cost curve).
     budget_share_step: float = 0.05
     # budget="run": an interval's FP4 cost is weighted by the mean of (lr_peak / lr) ** p over its steps;
     # 0 weighs every interval alike (then the run budget plans the plan budget's share, for a convex cost).
