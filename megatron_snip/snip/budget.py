@@ -244,15 +244,7 @@ def allocate(lengths: Sequence[int], weights: Sequence[Fraction], grid: Sequence
         pick[i] += 1
     lagrangian = [ties[i][pick[i]] for i in range(len(ties))]
     gap = mu * (sum(o[0] for o in lagrangian) - need)
-    # A second start for the knapsack's granularity (unequal intervals): from the picks just below mu
-    # (short of the need), the cheapest raise per share-step at a time until the need is met.
-    cheap = [t[0] for t in ties]
-    while sum(o[0] for o in cheap) < need:
-        i, o = min(((k, o) for k in range(len(cheap)) for o in options[k] if o[0] > cheap[k][0]),
-                   key=lambda m: ((m[1][1] - cheap[m[0]][1]) / (m[1][0] - cheap[m[0]][0]), grid[cheap[m[0]][2]], m[0]))
-        cheap[i] = o
-    chosen = min((_lower_while_feasible(lagrangian, options, need), _lower_while_feasible(cheap, options, need)),
-                 key=lambda picks: sum(c for _, c, _ in picks))  # on equal costs the first: equal shares
+    chosen = _lower_while_feasible(lagrangian, options, need)
     exact = _exact(lengths, options, need, dp_limit)
     if exact is not None:
         assert sum(c for _, c, _ in exact) <= sum(c for _, c, _ in chosen), "the program is the optimum"
