@@ -6,6 +6,7 @@ from the plan history, the ``<rule>+switch`` plans, and the config's checks."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import random
 from fractions import Fraction
@@ -211,7 +212,7 @@ def test_switch_needs_a_static_rule():
 # --- in a run ----------------------------------------------------------------------------
 RUN = ["snip.enabled=true", "snip.warmup=2", "snip.interval=4", "snip.probe_batches=1", "snip.noise_draws=1",
        "snip.granularity=gemm", "snip.fair_share=true", "snip.budget=run", "snip.fp4_target=0.75",
-       "snip.budget_share_range=[0.3, 0.95]", "training.lr_schedule=wsd", "training.max_steps=16",
+       "snip.budget_share_range=[0.3, 0.95]", "training.lr_schedule=wsd", "training.max_steps=20",
        "training.log_interval=1", "training.eval_interval=100"]
 
 
@@ -256,30 +257,28 @@ def test_a_run_spends_rho_over_its_horizon(small_overrides, tmp_path):
     numel = linear_numel(model_linear_shapes(tr.cfg.model))
     plans = tr.plan_history
     onset = wsd_decay_start(tr.cfg.training)
-    assert [p.step for p in plans] == [0, 2, 6, 10, onset, 14] and onset == 13
+    assert [p.step for p in plans] == [0, 2, 6, 10, 14, onset, 18] and onset == 16
     last = dict(plans[-1].extra)
     assert "budget_note" not in last  # the last interval's exact remainder was within the range
-    share = _run_share(plans, (2, 16), numel)
-    unit = F(max(numel.values()), sum(numel[g.linear] for g, _ in plans[-1].entries))
-    assert F(3, 4) <= share < F(3, 4) + unit * F(16 - 14, 16 - 2)  # unit: the heaviest GEMM's share
+    share = _run_share(plans, (2, 20), numel)
+    unit = F(max(numel.values()), sum(numel[g.linear] for g, _ in plans[-1].entries))  # the heaviest GEMM's share
+    assert F(3, 4) <= share < F(3, 4) + unit * F(20 - 18, 20 - 2)
     assert math.isclose(last["budget_unspent"], 0.0, abs_tol=1e-12)  # the recorded state agrees: nothing left
-    before, after = dict(plans[3].extra), dict(plans[4].extra)
-    assert after["budget_interval_share"] < before["budget_interval_share"] and after["switched"] is True
-    rows = [r for r in map(__import__("json").loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+    stable, decay = dict(plans[4].extra), dict(plans[5].extra)  # the plans of steps 14 and 16 (the onset)
+    assert decay["budget_interval_share"] < stable["budget_interval_share"] and decay["switched"] is True
+    rows = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
             if "budget_unspent" in r]
-    assert [r["step"] for r in rows] == [2, 6, 10, 13, 14] and (tmp_path / "run" / "timeline.png").stat().st_size > 0
+    assert [r["step"] for r in rows] == [2, 6, 10, 14, 16, 18] and (tmp_path / "run" / "timeline.png").stat().st_size > 0
 
 
 def test_the_budget_state_survives_a_resume_bitwise(small_overrides, tmp_path):
     """SNIP under the run budget, preempted after step 8 and resumed: the same plans (hashes), the same
     budget records (every plan.extra field, exactly: the spent share is re-derived from the
     checkpointed plan history) and the same losses as the uninterrupted run."""
-    import json
-
     full = _fit(small_overrides + RUN + ["snip.policy=snip"])
     run2 = tmp_path / "run2"
     over2 = [o for o in small_overrides if not o.startswith("training.run_dir")] + [f"training.run_dir={run2}"] + RUN
-    _fit(over2 + ["snip.policy=snip", "training.save_interval=4"], crash_after=8)
+    _fit(over2 + ["snip.policy=snip", "training.save_interval=4"], crash_after=12)
     resumed = _fit(over2 + ["snip.policy=snip", "training.resume=true"])
     assert [p.hash for p in resumed.plan_history] == [p.hash for p in full.plan_history]
 
