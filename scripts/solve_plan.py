@@ -23,6 +23,14 @@ divergence of the optimal plan along the target:
   "gemm_time_ratio"}, ...]`` (an infeasible budget: objective Infinity, ratio null).
 
 Snapshots are the ``plans/step_*_stats.json`` files the SNIP controller writes next to each plan.
+
+A run-level FP4 budget (``snip.budget = "run"``, ``snip/budget.py``): ``--run-dir RUN`` reads the run's
+``config.toml`` (its target, share range and grid, LR schedule, re-plan steps) and the plans in force
+before ``--step`` (default: the snapshot's) from ``RUN/plans/step_*.json``, and answers what share the
+interval from that step gets - the budget's decision is printed and written to ``budget.json``, and
+``plan.json`` is the plan at that share:
+
+    python scripts/solve_plan.py --stats runs/x/plans/step_000150_stats.json --run-dir runs/x --out plans_150
 """
 
 from __future__ import annotations
@@ -32,15 +40,17 @@ import json
 import math
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from megatron_snip.config import SNIP_TARGETS, SnipConfig, parse_time_costs
+from megatron_snip.config import SNIP_TARGETS, SnipConfig, load_config, parse_time_costs
 from megatron_snip.precision.capability import BACKENDS, GPUS
-from megatron_snip.precision.plan import LINEARS
+from megatron_snip.precision.plan import LINEARS, PrecisionPlan
+from megatron_snip.snip import budget as run_budget
 from megatron_snip.snip import ilp
 from megatron_snip.snip.metrics import predicted_divergence
-from megatron_snip.snip.policies import PlanContext, make_plan, policy_costs
+from megatron_snip.snip.policies import PlanContext, cost_curve, make_plan, policy_costs
 from megatron_snip.telemetry.plots import plot_pareto, plot_precision_map
 
 FP4_TARGETS = [round(0.05 * i, 2) for i in range(21)]  # the FP4-share Pareto sweep: 0, 0.05, ..., 1
@@ -68,6 +78,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--granularity", default="layer", choices=["layer", "gemm"])
     ap.add_argument("--weight-divergence-weight", type=float, default=1.0, help="lambda in sum(dL + lambda*dW)")
     ap.add_argument("--pp", type=int, default=1, help="pipeline stages for the per-stage constraints")
+    ap.add_argument("--run-dir", default=None,
+                    help="a run with snip.budget=\"run\": plan the interval from --step with its budget and plan history")
+    ap.add_argument("--step", type=int, default=None, help="with --run-dir: the re-plan step (default: the snapshot's)")
     ap.add_argument("--out", required=True)
     return ap.parse_args(argv)
 
@@ -106,10 +119,19 @@ def solve(args: argparse.Namespace, path: Path, snapshot: Mapping[str, Any]) -> 
         raise ValueError(f"--formats {list(formats)}{left_out}: {unmeasured} were not measured in this snapshot, "
                          f"which holds {snapshot['formats']}; pass --formats from those")
     costs = policy_costs(args.policy, measured_only(snapshot, ctx.candidates), args.weight_divergence_weight)
-    plan = make_plan(args.policy, ctx, costs)
-
     out = Path(args.out)
+    decision = None
+    if args.run_dir is not None:
+        decision, ctx = run_budget_share(args, ctx, costs, int(snapshot["step"]))
+    plan = make_plan(args.policy, ctx, costs)
     out.mkdir(parents=True, exist_ok=True)
+    if decision is not None:
+        plan = plan.with_extra(decision.extra())
+        (out / "budget.json").write_text(json.dumps(decision.extra(), indent=1))
+        print(f"run budget at step {args.step if args.step is not None else snapshot['step']}: interval share "
+              f"{float(decision.share):.4f} until step {decision.interval[1]} (run target {float(decision.run_target):g}, "
+              f"spent {float(decision.spent):.4f}, unspent after it {float(decision.unspent):.4f}); schedule "
+              f"{decision.extra()['budget_schedule']}" + (f" ({decision.clamped})" if decision.clamped else ""))
     (out / "plan.json").write_text(plan.to_json())
     what = f"rho={args.fp4_target}" if ctx.time_cost is None else f"GEMM time <= {ctx.time_budget} x BF16"
     plot_precision_map(plan, out / "plan.png", title=f"{args.policy} plan from {path.name}, {what}")
@@ -164,6 +186,33 @@ def plan_context(args: argparse.Namespace, formats: tuple[str, ...], num_layers:
                           time_costs=time_costs)
     return PlanContext.for_run(settings, num_layers, numel, args.pp, step=step, backend=args.backend,
                                sm=GPUS[args.gpu].sm if args.gpu else None)
+
+
+def run_budget_share(args: argparse.Namespace, ctx: PlanContext, costs: Mapping[Any, Mapping[str, float]],
+                     snapshot_step: int) -> tuple[run_budget.BudgetDecision, PlanContext]:
+    """``--run-dir``: the run's budget decision at ``--step`` and the context at its share (ValueError for a
+    run without ``snip.budget = "run"`` or without plans before the step)."""
+    run = Path(args.run_dir)
+    if not (run / "config.toml").is_file():
+        raise ValueError(f"--run-dir {str(run)!r} has no config.toml; give a training.run_dir")
+    cfg = load_config(str(run / "config.toml"))
+    if cfg.snip.budget != "run":
+        raise ValueError(f"--run-dir {str(run)!r} ran with snip.budget={cfg.snip.budget!r}; a run-level budget needs "
+                         f"a run with snip.budget=\"run\" (or drop --run-dir)")
+    step = snapshot_step if args.step is None else args.step
+    plans = sorted((PrecisionPlan.load(p) for p in (run / "plans").glob("step_*.json") if not p.stem.endswith("_stats")),
+                   key=lambda p: p.step)
+    history = [p for p in plans if p.step < step]
+    if not history:
+        raise ValueError(f"--run-dir {str(run)!r} has no plan before step {step} in plans/; --step must follow the "
+                         f"initial plan (step_000000.json)")
+    rb = run_budget.RunBudget.for_run(cfg)
+    if not rb.horizon[0] <= step < rb.horizon[1]:
+        raise ValueError(f"--step {step} is outside the budget's horizon [{rb.horizon[0]}, {rb.horizon[1]}) "
+                         f"(snip.warmup, training.max_steps of {str(run / 'config.toml')!r})")
+    ctx = replace(ctx, run_target=cfg.snip.fp4_target, step=step)
+    decision = rb.decide(step, history, ctx.linear_numel, cost_curve(args.policy, ctx, costs, rb.grid))
+    return decision, ctx.with_share(float(decision.share))
 
 
 def measured_only(snapshot: Mapping[str, Any], formats: tuple[str, ...]) -> dict[str, Any]:

@@ -23,13 +23,16 @@ REPO = Path(__file__).resolve().parents[2]  # the runs start here, so relative p
 
 FORMAT_FREE_POLICIES = ("bf16", "uniform:fp8", "uniform:nvfp4", "uniform:mxfp4")
 FORMAT_POLICIES = ("bf16_ends", "tail", "attn_protected", "mlp_only", "layer_type", "min_rel_err", "random", "snip",
-                   "truth")
+                   "truth", "tail+switch", "bf16_ends+switch")
 # Run only when --policies names them: the truth policy's re-plan measures every linear's divergences
 # by brute force (megatron_snip/snip/truth.py), hundreds of passes, for ablations.
 ORACLE_POLICIES = ("truth",)
 # The production recipes (issue #33: NVIDIA's last-blocks rule, attention protected, MLP-only FP4) run
 # only when --policies names them, so the default comparison and the recorded reports stay as they were.
-PRODUCTION_RULES = ("tail", "attn_protected", "mlp_only")
+# NVIDIA's recipe in time (``<rule>+switch``, megatron_snip/snip/policies.py: the rule, with its GEMMs
+# promoted, fprop first, where a run-level budget lowers the share; the rule itself under the plan budget):
+# run with --set snip.budget=run (docs/snip.md, "Run-level FP4 budget").
+PRODUCTION_RULES = ("tail", "attn_protected", "mlp_only", "tail+switch", "bf16_ends+switch")
 DEFAULT_POLICIES = FORMAT_FREE_POLICIES + tuple(p for p in FORMAT_POLICIES
                                                 if p not in ORACLE_POLICIES + PRODUCTION_RULES)
 STATIC_BASELINES = ("bf16_ends", "layer_type", "random")  # candidates for the sweep's "best static baseline"

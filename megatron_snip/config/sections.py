@@ -131,6 +131,7 @@ class PrecisionConfig:
 CURVATURE_NOISE = ("gaussian", "error")  # snip.curvature_noise: directions of SNIP's forward noise
 LOSS_FIRST_ORDER = ("abs", "signed", "momentum")  # snip.loss_first_order: the loss divergence's first-order term
 SNIP_TARGETS = ("fp4_share", "gemm_time", "both")  # snip.target
+SNIP_BUDGETS = ("plan", "run")  # snip.budget
 
 
 @dataclass(frozen=True)
@@ -186,9 +187,22 @@ class SnipConfig:
     # GPU the run runs on and precision.backend (precision/capability.py, GEMM_TIME_RATIO). Set it for
     # a device you measured, or to model a GPU from a CPU run.
     time_costs: tuple[str, ...] = ()
+    # Where fp4_target must hold (docs/snip.md, "Run-level FP4 budget"): "plan" (every plan's FP4 share
+    # >= fp4_target, the default and every recorded result) or "run" (the step-weighted FP4 share over
+    # steps [warmup, training.max_steps) >= fp4_target; each re-plan chooses its interval's share from
+    # the cost curve of its statistics and the LR schedule, snip/budget.py). "run" needs target="fp4_share".
+    budget: str = "plan"
+    # budget="run": the shares an interval may take, [low, high], on a grid of budget_share_step.
+    budget_share_range: tuple[float, ...] = (0.5, 0.95)
+    # budget="run": the grid step of the interval shares (each grid share is one ILP solve of SNIP's cost curve).
+    budget_share_step: float = 0.05
+    # budget="run": an interval's FP4 cost is weighted by the mean of (lr_peak / lr) ** p over its steps;
+    # 0 weighs every interval alike (then the run budget plans the plan budget's share, for a convex cost).
+    budget_lr_power: float = 1.0
 
     def __post_init__(self) -> None:
         check_finite("snip", self)
+        self._check_budget()
         check_seed("snip.seed", self.seed)
         if self.target not in SNIP_TARGETS:
             raise field_error("snip.target", self.target, f"choose one of {list(SNIP_TARGETS)}")
@@ -219,6 +233,28 @@ class SnipConfig:
         for f in self.formats:
             if f not in FORMATS:
                 raise field_error("snip.formats", list(self.formats), f"{f!r} is not a format; choose from {sorted(FORMATS)}")
+
+    def _check_budget(self) -> None:
+        if self.budget not in SNIP_BUDGETS:
+            raise field_error("snip.budget", self.budget, f"choose one of {list(SNIP_BUDGETS)}")
+        rng = self.budget_share_range
+        if (len(rng) != 2 or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                                     for x in rng) or not 0 <= rng[0] <= rng[1] <= 1):
+            raise field_error("snip.budget_share_range", list(rng),
+                              "give [low, high] FP4 shares with 0 <= low <= high <= 1, e.g. [0.5, 0.95]")
+        if not self.budget_share_step > 0:
+            raise field_error("snip.budget_share_step", self.budget_share_step, "must be > 0 (e.g. 0.05)")
+        if not self.budget_lr_power >= 0:
+            raise field_error("snip.budget_lr_power", self.budget_lr_power, "must be >= 0 (0: every interval alike)")
+        if self.budget != "run":
+            return
+        if self.target != "fp4_share":
+            raise field_error("snip.budget", self.budget, f"a run-level budget spends an FP4 share; it needs "
+                              f"snip.target=\"fp4_share\" (got snip.target={self.target!r}) or snip.budget=\"plan\"")
+        if not rng[0] <= self.fp4_target <= rng[1]:
+            raise field_error("snip.budget_share_range", list(rng),
+                              f"must contain snip.fp4_target={self.fp4_target} (the run's share is a mean of the "
+                              f"intervals' shares); widen the range or change the target")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -287,6 +287,10 @@ class PrecisionPlan:
             separators=(",", ":"),
         )
         return hashlib.sha256(canon.encode()).hexdigest()[:16]
+
+    def with_extra(self, extra: Mapping[str, Any]) -> PrecisionPlan:
+        """This plan with ``extra`` added to (or replacing keys of) its ``extra`` (the hash ignores it)."""
+        return replace(self, extra=tuple(sorted({**dict(self.extra), **extra}.items())))
 
     def with_step(self, step: int) -> PrecisionPlan:
         return PrecisionPlan(self.entries, step, self.policy, self.fp4_flops_share, self.objective, self.solver_status, self.extra)

@@ -74,6 +74,7 @@ from megatron_snip.sizing.result import (
     SnipSizing,
     StageSizing,
 )
+from megatron_snip.snip.budget import schedule_lines
 from megatron_snip.snip.feasibility import max_fp4_share, unrunnable_gemms
 
 GIB = 1024**3
@@ -383,6 +384,7 @@ def dry_run_report(cfg: Config, world_size: int, gpu: str | None = None) -> str:
     if sn.max_fp4_share < 1.0 and any(f in FP4_FORMATS for f in sn.formats):
         add(f"  block divisibility leaves at most {sn.max_fp4_share:.1%} of linear FLOPs reachable in FP4")
     out += gemm_time_lines(cfg, s)  # gemm_time.py
+    out += schedule_lines(cfg)  # snip/budget.py: the run-level FP4 budget, when snip.budget = "run"
     add("")
     gpu_src = ("argument gpu" if gpu else f"${GPU_ENV}" if os.environ.get(GPU_ENV)
                else f"default; set {GPU_ENV}=" + "|".join(GPUS))

@@ -44,6 +44,9 @@ class PlanContext:
         time_cost, time_budget: optional GEMM-time budget: the plan's GEMM-time ratio must be
             <= time_budget (globally and per stage); ``time_cost`` covers "bf16" and the candidates.
         fair_share: static policies protect units in their rule's order down to the targets.
+        run_target: under a run-level budget (``snip.budget = "run"``) the run's FP4 share rho, while
+            ``fp4_target`` is this interval's share (``snip/budget.py``); None under the plan budget.
+            ``<rule>+switch`` plans promote GEMMs below it.
     """
 
     num_layers: int
@@ -59,6 +62,7 @@ class PlanContext:
     time_cost: Mapping[str, float] | None = None
     time_budget: float | None = None
     fair_share: bool = False
+    run_target: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.num_layers, bool) or not isinstance(self.num_layers, int) or self.num_layers < 1:
@@ -66,6 +70,8 @@ class PlanContext:
         object.__setattr__(self, "formats", tuple(self.formats))
         problem.check_formats(self.formats)
         problem.check_share("fp4_target", self.fp4_target)
+        if self.run_target is not None:
+            problem.check_share("run_target", self.run_target)
         if self.granularity not in problem.GRANULARITIES:
             raise ValueError(f"PlanContext.granularity={self.granularity!r} must be one of {problem.GRANULARITIES}")
         missing = [lin for lin in LINEARS if lin not in self.linear_numel]
@@ -104,11 +110,17 @@ class PlanContext:
                    stage_of_layer=stage_of_layer(num_layers, pp), seed=snip.seed, step=step,
                    max_deterministic_time=snip.solver_max_time, fair_share=snip.fair_share,
                    time_cost=run_time_costs(snip, backend, sm) if timed else None,
-                   time_budget=snip.time_budget if timed else None)
+                   time_budget=snip.time_budget if timed else None,
+                   run_target=snip.fp4_target if snip.budget == "run" else None)
 
     def at_step(self, step: int) -> PlanContext:
         """This context for a plan made at ``step``."""
         return replace(self, step=step)
+
+    def with_share(self, share: float) -> PlanContext:
+        """This context for a plan at FP4 share ``share`` (a run-level budget's interval share; the run
+        target stays ``run_target``)."""
+        return replace(self, fp4_target=share)
 
     # --- candidates ---------------------------------------------------------------------
     @property

@@ -14,6 +14,9 @@ divergences instead, ``snip/truth.py``). ``replan`` returns the outcome as a
 map ``step_<N>.png``, the metrics line, W&B and the checkpointed state). A failed or timed-out
 solve keeps the previous plan and says why. The schedule is a function of the step and the plan is
 checkpointed by the host, so a resumed run continues with the same plan and the same re-plan steps.
+Under ``snip.budget = "run"`` each re-plan first chooses its interval's FP4 share from the plan
+history and the policy's cost curve (``snip/budget.py``), and the schedule
+gains a re-plan at the WSD decay onset.
 """
 
 from __future__ import annotations
@@ -29,10 +32,18 @@ from megatron_snip.model.shapes import linear_numel, model_linear_shapes
 from megatron_snip.parallel import comm
 from megatron_snip.precision.plan import GemmId, PrecisionPlan
 from megatron_snip.snip import ilp, truth
+from megatron_snip.snip.budget import RunBudget
 from megatron_snip.snip.gather import reduce_snapshot
 from megatron_snip.snip.host import Replan, SnipHost, TokenSource
 from megatron_snip.snip.metrics import predicted_divergence
-from megatron_snip.snip.policies import PlanContext, SolveTimeoutError, make_plan, parse_policy, policy_costs
+from megatron_snip.snip.policies import (
+    PlanContext,
+    SolveTimeoutError,
+    cost_curve,
+    make_plan,
+    parse_policy,
+    policy_costs,
+)
 from megatron_snip.snip.stats import ProbeConfig, StatsCollector
 
 
@@ -84,11 +95,13 @@ class SnipController:
         if self.spec.policy.statistics == "truth":
             truth.check_single_process(host.topo.world_size, f"snip.policy={s.policy!r}")
         self.replans = host.extra_state.get("snip", {}).get("replans", 0)  # restored by a resume
+        # snip.budget="run" (snip/budget.py); the references (bf16, uniform:<f>) are exempt from any FP4 target
+        self.budget = RunBudget.for_run(cfg) if s.budget == "run" and self.spec.name not in ("bf16", "uniform") else None
 
     # --- callback API -----------------------------------------------------------------
     def before_step(self, host: SnipHost, step: int) -> None:
         s = self.cfg.snip
-        if is_replan_step(step, s.warmup, s.interval):
+        if is_replan_step(step, s.warmup, s.interval) or (self.budget is not None and self.budget.is_replan_step(step)):
             host.record_replan(self.replan(host, step))
 
     def after_step(self, host: SnipHost, step: int) -> None:
@@ -137,7 +150,7 @@ class SnipController:
         decision: dict[str, Any] = {}
         costs = None  # the costs stay on global rank 0 (the writer); only the decision is broadcast
         if topo.rank == 0:
-            decision, costs = self._decide(snapshot, step, previous)
+            decision, costs = self._decide(snapshot, step, previous, host.plan_history)
         t1 = time.perf_counter()
         decision = comm.broadcast_object(decision, 0, topo.world_group)
         timings.update(decision.get("timings", {}))
@@ -161,9 +174,10 @@ class SnipController:
         return Replan(step, plan, snapshot=snapshot, timings=timings, predicted_divergence=decision.get("predicted"),
                       gemms_changed=changed, count=self.replans, costs=costs, reused_micro_batches=reused)
 
-    def _decide(self, snapshot: dict | None, step: int,
-                previous: PrecisionPlan) -> tuple[dict[str, Any], dict[GemmId, dict[str, float]] | None]:
-        """Metrics and solve on global rank 0: ({"plan": json, "predicted", "timings"} or {"error"}, the costs)."""
+    def _decide(self, snapshot: dict | None, step: int, previous: PrecisionPlan,
+                history: list[PrecisionPlan]) -> tuple[dict[str, Any], dict[GemmId, dict[str, float]] | None]:
+        """Metrics and solve on global rank 0: ({"plan": json, "predicted", "timings"} or {"error"}, the costs).
+        ``history``: the plans in force so far, in order (the run budget's spent share)."""
         t1 = time.perf_counter()
         costs = None
         if snapshot is not None:
@@ -173,11 +187,19 @@ class SnipController:
                 return {"error": f"non-finite SNIP statistics for {len(bad)} GEMM(s), e.g. {bad[:3]}"}, None
         out_timings = {"metrics_s": time.perf_counter() - t1}
         t1 = time.perf_counter()
+        ctx = self.context.at_step(step)
+        spend = None
         try:
-            plan = make_plan(self.policy, self.context.at_step(step), costs,
-                             previous=previous if previous.policy == self.policy else None)
+            if self.budget is not None:
+                curve = cost_curve(self.policy, ctx, costs, self.budget.grid)
+                out_timings["budget_curve_s"] = time.perf_counter() - t1
+                spend = self.budget.decide(step, history, self.context.linear_numel, curve)
+                ctx = ctx.with_share(float(spend.share))
+            plan = make_plan(self.policy, ctx, costs, previous=previous if previous.policy == self.policy else None)
         except (SolveTimeoutError, ilp.InfeasibleError) as e:
             return {"error": f"solve failed ({e})"}, costs
+        if spend is not None and plan.solver_status != "TIMEOUT":  # a kept plan keeps its own record
+            plan = plan.with_extra(spend.extra())
         out_timings["solve_s"] = time.perf_counter() - t1
         predicted = predicted_divergence(costs, plan.as_dict()) if costs is not None else None
         return {"plan": plan.to_json_dict(), "predicted": predicted, "timings": out_timings}, costs

@@ -107,7 +107,8 @@ class SnipHost(ProbeHost, Protocol):
     statistics snapshot, precision map, metrics, W&B, checkpointed state) and
     ``record_plan_summary`` the end-of-run plots. ``micro_batches`` and ``reuse_reference`` let the
     re-plan step's training step take the gradients of the statistics' reference pass
-    (``snip.reuse_step``). ``train_data`` is where probe batches come from.
+    (``snip.reuse_step``). ``train_data`` is where probe batches come from. ``plan_history`` is
+    every plan in force so far, in order (checkpointed with the run).
     ``extra_state`` is the callbacks' checkpointed state (restored on resume; ``record_replan``
     keeps the controller's under ``"snip"``); ``logger`` the text log.
     """
@@ -120,6 +121,13 @@ class SnipHost(ProbeHost, Protocol):
 
     @property
     def plan(self) -> PrecisionPlan: ...
+
+    @property
+    def plan_history(self) -> list[PrecisionPlan]:
+        """Every plan put in force so far, in order (the initial one first; each in force from its
+        ``step`` until the next one's), as checkpointed: a run-level FP4 budget
+        (``snip/budget.py``) derives what it has spent from it, so a resumed run derives the same."""
+        ...
 
     @property
     def train_data(self) -> TokenSource: ...

@@ -33,6 +33,12 @@ spec                plan
                     overshoots rho, it stays there - the point is the layer-type rule.
 ``random``          seeded random order of the decision units, FP4 until rho is met
                     (per stage when stages are given), the rest high precision
+``<rule>+switch``   a static rule with NVIDIA's switch (arXiv 2509.25149 App. D) for a run-level
+                    budget (``snip.budget = "run"``, ``snip/budget.py``): at an interval share at or
+                    above the run target rho, the rule itself at that share; below it, the rule's plan
+                    at rho with its FP4 GEMMs promoted, fprop first, then dgrad, then wgrad, each
+                    from the last block backwards (``rules.switch_entries``), e.g. ``tail+switch``.
+                    Under the plan budget it is the rule (the share is rho)
 
 With ``fair_share`` (``snip.fair_share``) the static rules become orders of protection instead:
 every unit starts in FP4 and, in the rule's order, each one moves to the high-precision candidate
@@ -71,8 +77,9 @@ config and pipeline layout.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -89,6 +96,7 @@ from megatron_snip.snip.rules import (
     layer_type_entries,
     mlp_only_entries,
     random_entries,
+    switch_entries,
     tail_entries,
     uniform_entries,
 )
@@ -112,6 +120,7 @@ class PolicySpec:
     format: str | None = None
     ends: tuple[int, int] | None = None
     protected: tuple[str, ...] = ()
+    switch: bool = False  # ``<rule>+switch`` (see the module docstring)
 
     @property
     def policy(self) -> Policy:
@@ -154,12 +163,19 @@ def parse_policy(spec: str) -> PolicySpec:
         # ValueError, not TypeError: a wrong type here is bad user input, which the house reports as ValueError
         raise ValueError(f"policy spec {spec!r} must be a string, one of {POLICY_FORMS}")  # noqa: TRY004
     text = spec.strip()
+    if text.endswith(SWITCH):
+        rule = text[: -len(SWITCH)]
+        base = parse_policy(rule) if rule else None
+        if base is None or base.name not in SWITCHABLE:
+            raise ValueError(f"policy spec {spec!r}: '{SWITCH}' follows a static rule, one of "
+                             f"{[f'{name}{SWITCH}' for name in SWITCHABLE]} (with its arguments, e.g. tail:4{SWITCH})")
+        return replace(base, spec=text, switch=True)
     name, sep, arg = text.partition(":")
     if sep and not arg:
         raise ValueError(f"policy spec {spec!r} has an empty argument after ':'; forms: {POLICY_FORMS}")
     policy = POLICIES.get(name)
     if policy is None:
-        raise ValueError(f"unknown policy {spec!r}; choose one of {POLICY_FORMS}")
+        raise ValueError(f"unknown policy {spec!r}; choose one of {POLICY_FORMS} (a static rule may add {SWITCH!r})")
     return policy.parse(spec, text, arg if sep else None)
 
 
@@ -261,7 +277,39 @@ def make_plan(
         SolveTimeoutError: the ILP found nothing in time and ``previous`` is None.
     """
     ps = parse_policy(spec)
+    if ps.switch:
+        return _make_switch(ps, ctx)
     return ps.policy.make(ps, ctx, costs, previous)
+
+
+def cost_curve(spec: str, ctx: PlanContext, costs: Costs | None, grid: Sequence[Fraction]) -> list[Fraction | float]:
+    """C(s) at each FP4 share of ``grid`` for the run-level budget (``snip/budget.py``): an ILP
+    policy's optimal objective at ``fp4_target = s`` on ``costs`` (``math.inf`` where no plan reaches
+    s); a static rule's ``s`` itself (no measured costs: every FP4 FLOP alike, so its curve is linear
+    and the allocation bang-bang)."""
+    ps = parse_policy(spec)
+    if not ps.policy.needs_costs:
+        return list(grid)
+    if costs is None:
+        raise ValueError(f"policy {spec!r} needs costs (per-GEMM, per-format) for its cost curve; got costs=None")
+    problem = ilp.build_problem(costs, ctx.linear_numel, ctx.candidates, float(grid[0]), ctx.granularity,
+                                ctx.stage_of_layer)
+    return [obj for _, obj in ilp.pareto_curve(problem, [float(x) for x in grid],
+                                               max_deterministic_time=ctx.max_deterministic_time,
+                                               num_workers=ctx.num_workers, seed=ctx.seed)]
+
+
+def _make_switch(ps: PolicySpec, ctx: PlanContext) -> PrecisionPlan:
+    """``<rule>+switch``: the rule at this share when it is >= the run target, else the rule's plan at
+    the run target with GEMMs promoted down to this share (``rules.switch_entries``)."""
+    rule = replace(ps, spec=ps.spec[: -len(SWITCH)], switch=False)
+    rho = ctx.fp4_target if ctx.run_target is None else ctx.run_target
+    if ctx.fp4_target >= rho:
+        plan = rule.policy.make(rule, ctx, None, None)
+        return replace(plan, policy=ps.spec, extra=tuple(sorted({**dict(plan.extra), "switched": False}.items())))
+    base = rule.policy.make(rule, replace(ctx, fp4_target=rho), None, None)
+    return _static_plan(ps, ctx, switch_entries(ctx, base.as_dict()), switched=True,
+                        switch_base_share=base.fp4_flops_share)
 
 
 # --------------------------------------------------------------------------------------
@@ -423,6 +471,9 @@ POLICIES: Mapping[str, Policy] = MappingProxyType({p.name: p for p in (
     Policy("snip", ("snip",), _parse_plain, _ilp_plan, statistics="all", costs=snip_costs),
     Policy("truth", ("truth",), _parse_plain, _ilp_plan, statistics="truth", costs=truth_costs),
 )})
+# ``<rule>+switch`` (module docstring): the static rules whose share a run-level budget can move.
+SWITCH = "+switch"
+SWITCHABLE = ("bf16_ends", "tail", "attn_protected", "mlp_only", "layer_type", "random")
 POLICY_FORMS: tuple[str, ...] = tuple(form for p in POLICIES.values() for form in p.forms)
 
 
@@ -430,10 +481,13 @@ __all__ = [
     "DEFAULT_PROTECTED",
     "POLICIES",
     "POLICY_FORMS",
+    "SWITCH",
+    "SWITCHABLE",
     "PlanContext",
     "Policy",
     "PolicySpec",
     "SolveTimeoutError",
+    "cost_curve",
     "make_plan",
     "needs_costs",
     "parse_policy",

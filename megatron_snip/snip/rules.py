@@ -145,6 +145,23 @@ def mlp_only_entries(ctx: PlanContext) -> dict[GemmId, str]:
     return _top_up(ctx, entries, attention[::-1], targets)
 
 
+def switch_entries(ctx: PlanContext, base: Mapping[GemmId, str]) -> dict[GemmId, str]:
+    """``<rule>+switch`` below the run target: the rule's plan at the run target (``base``), then its
+    fast GEMMs promoted to the high-precision candidate while each stage's FP4 share stays >=
+    ``ctx.fp4_target`` (this interval's share): forward GEMMs first, then dgrad, then wgrad (with
+    ``granularity = "layer"``, whole linears), each from the last block backwards. NVIDIA's NVFP4
+    recipe (arXiv 2509.25149 App. D) switches the forward GEMMs to BF16 shortly before the LR decays
+    (about 2/3 of the remaining gap recovered), forward and backward together recovering all of it;
+    its App. E finds the last blocks the most sensitive, hence the order within a GEMM kind."""
+    hi = ctx.high_format
+    units = _units(ctx)
+    kept = [u for u in units if all(base[g] == hi for g in u)]
+    rank = {lin: i for i, lin in enumerate(LINEARS)}
+    promote = sorted((u for u in units if not all(base[g] == hi for g in u)),
+                     key=lambda u: (_TOP_UP_GEMM[u[0].gemm] if len(u) == 1 else 0, -u[0].layer, rank[u[0].linear]))
+    return _protect_down_to_target(ctx, kept + promote)
+
+
 def _top_up(ctx: PlanContext, entries: dict[GemmId, str], order: list[tuple[GemmId, ...]],
             targets: Targets) -> dict[GemmId, str]:
     """Move units of ``order`` to the fast candidate, in order, until ``entries`` meet the targets:

@@ -140,7 +140,8 @@ def plot_timeline(plans: Sequence[PrecisionPlan], path: str | Path, title: str |
     x = training step (each plan is drawn from its step until the next plan's step; the
     last one for a median interval), y = GEMM rows ordered by layer, then linear, then
     GEMM (layer 0 at the top); colour = format. A strip above shows the FP4 FLOP share
-    of each plan (and its target when the plan recorded one). Plans are sorted by step;
+    of each plan (and its target when the plan recorded one; under a run-level budget the
+    interval's share, the run target and the budget still unspent after each plan). Plans are sorted by step;
     of several plans at one step the last in the list wins. Readable at 80 layers
     (960 rows): rows are then labelled per block, not per GEMM.
     """
@@ -181,8 +182,15 @@ def plot_timeline(plans: Sequence[PrecisionPlan], path: str | Path, title: str |
     targets = [dict(p.extra).get("fp4_target") for p in ordered]
     if any(t is not None for t in targets):
         tt = [np.nan if t is None else t for t in targets]
+        run = any(dict(p.extra).get("budget") == "run" for p in ordered)
         ax_share.step(x_edges, [*tt, tt[-1]], where="post", color="tab:red", linestyle="--", linewidth=1,
-                      label="target ρ")
+                      label="interval share" if run else "target ρ")
+        if run:  # snip.budget="run": the run's target and the part of it still unspent after each plan
+            rho = next(dict(p.extra)["run_target"] for p in ordered if dict(p.extra).get("budget") == "run")
+            ax_share.axhline(rho, color="tab:red", linestyle=":", linewidth=1, label="run target ρ")
+            left = [dict(p.extra).get("budget_unspent", np.nan) for p in ordered]
+            ax_share.step(x_edges, [*left, left[-1]], where="post", color="tab:blue", linewidth=1,
+                          label="budget unspent")
     ax_share.set_ylim(-0.05, 1.05)
     ax_share.set_ylabel("FP4\nshare", fontsize=8)
     ax_share.legend(loc="lower right", fontsize=7, frameon=False, ncol=2)

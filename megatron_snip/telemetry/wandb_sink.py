@@ -120,11 +120,17 @@ def scalars(record: Mapping[str, Any], prefix: str = "") -> dict[str, float | in
 
 def plan_scalars(plan: PrecisionPlan) -> dict[str, float | int]:
     """The numbers logged for a plan: ``plan/fp4_flops_share``, ``plan/count/<format>`` and, when
-    the plan was solved, ``plan/objective`` (every sink logs these)."""
+    the plan was solved, ``plan/objective``; under a run-level FP4 budget (``snip.budget = "run"``)
+    ``plan/run_target``, ``plan/budget_interval_share``, ``plan/budget_spent`` and
+    ``plan/budget_unspent`` (every sink logs these)."""
     out: dict[str, float | int] = {"plan/fp4_flops_share": plan.fp4_flops_share}
     out.update({f"plan/count/{fmt}": n for fmt, n in plan.format_counts().items()})
     if plan.objective is not None:
         out["plan/objective"] = plan.objective
+    extra = dict(plan.extra)
+    if extra.get("budget") == "run":
+        out.update({f"plan/{k}": extra[k] for k in ("run_target", "budget_interval_share", "budget_spent",
+                                                     "budget_unspent")})
     return out
 
 

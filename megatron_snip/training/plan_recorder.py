@@ -55,6 +55,15 @@ class PlanRecorder:
             f"formats {plan.format_counts()}, objective {objective} ({plan.solver_status}), "
             f"{replan.gemms_changed} GEMMs changed, took {timings['replan_total_s']:.2f}s")
         metrics = {"replan_fp4_share": plan.fp4_flops_share, **{f"replan_{k}": v for k, v in timings.items()}}
+        extra = dict(plan.extra)
+        if extra.get("budget") == "run":  # snip.budget="run" (snip/budget.py): the share over time, what is left
+            self.logger.info(
+                f"run budget at step {step}: interval share {extra['budget_interval_share']:.4f} until step "
+                f"{extra['budget_interval_end']}, run target {extra['run_target']}, spent {extra['budget_spent']:.4f}, "
+                f"unspent after this interval {extra['budget_unspent']:.4f}; schedule {extra['budget_schedule']}"
+                + (f" ({extra['budget_note']})" if "budget_note" in extra else ""))
+            metrics.update({"budget_interval_share": extra["budget_interval_share"],
+                            "budget_spent": extra["budget_spent"], "budget_unspent": extra["budget_unspent"]})
         if replan.reused_micro_batches:
             metrics["replan_reused_micro_batches"] = replan.reused_micro_batches
         if replan.predicted_divergence is not None:
