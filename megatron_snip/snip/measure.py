@@ -48,11 +48,18 @@ def weight_error(lin: PrecisionLinear, fmt: str, *, generator: torch.Generator |
 def operand_error(lin: PrecisionLinear, x_tk: torch.Tensor, w_nk: torch.Tensor, fmt: str, which: str, *,
                   generator: torch.Generator | None = None, compiled: bool = False) -> float:
     """‖Q(a) - a‖² of one operand as its GEMM quantizes it (x, w: fprop blocking along K; g: dgrad along N),
-    with the layer's amax reduction for that operand (``precision.tp_amax``, as ``quant_linear``)."""
+    with the layer's amax reduction for that operand (``precision.tp_amax``, as ``quant_linear``);
+    read on the host (``operand_error_t`` keeps it on the device)."""
     if fmt == "bf16":
         return 0.0
+    return float(operand_error_t(lin, x_tk, w_nk, fmt, which, generator=generator, compiled=compiled))
+
+
+def operand_error_t(lin: PrecisionLinear, x_tk: torch.Tensor, w_nk: torch.Tensor, fmt: str, which: str, *,
+                    generator: torch.Generator | None = None, compiled: bool = False) -> torch.Tensor:
+    """``operand_error`` as a 0-d fp32 tensor on the operand's device (no host read); ``fmt`` not bf16."""
     red = AmaxReducers.of(lin.amax_reduce)
     a, op, reduce = {"x": (x_tk, Operand.ACTIVATION, red.x), "w": (w_nk, Operand.WEIGHT, red.w),
                      "g": (x_tk, Operand.GRADIENT, red.dy)}[which]
     q = quantize(a, fmt, op, generator=generator, amax_reduce=reduce, compiled=compiled)
-    return float((q - a).pow(2).sum())
+    return (q - a).pow(2).sum()
