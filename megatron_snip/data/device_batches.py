@@ -55,6 +55,9 @@ class _CudaApi:
     def pin(self, t: torch.Tensor) -> torch.Tensor:
         return t.pin_memory()
 
+    def record_stream(self, t: torch.Tensor, s: Any) -> None:
+        t.record_stream(s)
+
 
 class _Pending:
     """A device batch whose copy was issued on the side stream, with the event after it."""
@@ -104,7 +107,7 @@ class BatchLoader:
             return started
         current = self._cuda.current_stream()
         current.wait_event(started.event)  # a device-side wait: the host does not block
-        started.tensor.record_stream(current)  # its memory is in use on the current stream until then
+        self._cuda.record_stream(started.tensor, current)  # its memory is in use on the current stream until then
         return started.tensor
 
     def load(self, batch: torch.Tensor) -> torch.Tensor:

@@ -35,7 +35,11 @@ import torch
 _PACKAGE = str(Path(__file__).resolve().parents[1])  # .../megatron_snip
 _METHODS = ("item", "tolist", "__float__", "__int__", "__bool__")
 _MISSING = object()
-_CUDA_WAITS = ((torch.cuda.Event, "synchronize"), (torch.cuda.Stream, "synchronize"), (torch.cuda, "synchronize"))
+
+
+def _cuda_waits() -> list[tuple[object, str]]:
+    """The host waits on the device, looked up when counting starts."""
+    return [(torch.cuda.Event, "synchronize"), (torch.cuda.Stream, "synchronize"), (torch.cuda, "synchronize")]
 
 
 class HostSyncs:
@@ -122,7 +126,7 @@ def count_host_syncs() -> Iterator[HostSyncs]:
     patches = [(torch.Tensor, name, counted) for name in _METHODS]
     patches += [(torch.Tensor, "to", counted_to), (torch.Tensor, "cuda", counted_cuda),
                 (torch.Tensor, "copy_", counted_copy)]
-    patches += [(owner, name, counted_wait) for owner, name in _CUDA_WAITS]
+    patches += [(owner, name, counted_wait) for owner, name in _cuda_waits()]
     # What each owner itself held (a class may inherit the method: then the patch is removed, not set back).
     originals = [(owner, name, vars(owner).get(name, _MISSING)) for owner, name, _ in patches]
     for owner, name, wrap in patches:
