@@ -270,3 +270,4 @@ def test_gpu_time_ratios_script_smoke(capsys):
     assert mod.main(["--smoke", "--reps", "1", "--formats", "fp8"]) == 0
     out = capsys.readouterr().out
     assert "bf16       measured  1.00   table 1" in out and "fp8        measured" in out and "table 0.5" in out
+    assert "as a config: --set 'snip.time_costs=[\"bf16=1\", \"fp8=" in out  # the measurement replaces the table
