@@ -5,7 +5,7 @@ CPU install (the pin takes the local CPU wheel, not a multi-GB CUDA build):
 GPU install: install a CUDA build of torch first (https://pytorch.org), then
     pip install -e ".[gpu]"   # adds transformer-engine[pytorch]
 Triton quantize kernels: pip install -e ".[kernels]" (CUDA torch wheels already depend on triton).
-NVIDIA apex is optional and must be built from source (github.com/NVIDIA/apex); it is not on PyPI.
+NVIDIA apex is not used: on CUDA the optimizer is torch's fused AdamW (training/optim.py).
 """
 
 from setuptools import find_packages, setup

@@ -17,6 +17,8 @@ Checks, in order (``name: figure ... OK|FAIL|INFO``; each says what it exercised
   step_*      a llama_1b-shaped block stack (synthetic tokens): step times of BF16, torch-backend
               FP8, emulated NVFP4, a mixed per-GEMM FP8/BF16 plan; ratios side by side
   tiny_snip   tiny on this device with SNIP re-planning once: losses finite, plans written
+  sync_free   a tiny run's steady-state steps make no host sync (CUDA: set_sync_debug_mode("error")
+              and the framework's counter, which also sees pageable host-to-device copies)
   compiles    Triton kernel specializations launched and torch.compile graphs built (each a cold
               compile on a fresh machine), and the seconds each check took
 ``--smoke`` runs the checks at toy sizes on CPU (kernels under TRITON_INTERPRET=1; the torch backend
@@ -465,8 +467,41 @@ def check_tiny_snip(device, smoke: bool) -> None:
              f"plans {plans}", "OK" if ok else "FAIL")
 
 
+@guarded
+def check_sync_free(device, smoke: bool) -> None:
+    """A tiny run's steady-state training steps make no host sync: on CUDA under
+    ``torch.cuda.set_sync_debug_mode("error")`` (any synchronizing call raises: this check's FAIL
+    names it) plus the framework's counter, which also sees pageable host-to-device copies
+    (``training/sync_free.py``). BF16 plan, emulated backend, torch's fused AdamW (the skip decided
+    on the device). On CPU (``--smoke``) the foreach AdamW reads its skip flag once per step by design."""
+    from megatron_snip.config import load_config
+    from megatron_snip.training.sync_free import steady_steps
+    from megatron_snip.training.trainer import Trainer
+
+    warmup, steps = 2, 3
+    with tempfile.TemporaryDirectory() as tmp:
+        over = [f"training.device={device.type}", "precision.backend=emulated", "precision.initial_plan=bf16",
+                "snip.enabled=false", f"training.max_steps={warmup + steps + 1}", "training.progress=false",
+                "data.valid_paths=[]", f"training.run_dir={tmp}/run", f"data.cache_dir={tmp}/cache"]
+        if smoke:
+            over += ["model.num_layers=1", "model.hidden_size=64", "model.ffn_hidden_size=128",
+                     "model.num_attention_heads=4", "model.num_kv_heads=2", "training.seq_len=32",
+                     "training.micro_batch_size=2", "training.global_batch_size=4"]
+        tr = Trainer(load_config(ROOT / "launch/configs/tiny.toml", over))
+        for step in range(warmup):  # allocations (device and pinned pools) happen here, and may sync
+            tr.train_step(step)
+        syncs = steady_steps(tr, warmup, steps)
+        allowed = 0 if device.type == "cuda" else steps  # CPU: the foreach AdamW's flag read, once a step
+        kinds = {k: syncs.kinds.count(k) for k in dict.fromkeys(syncs.kinds)}
+        ok = syncs.count <= allowed and not syncs.of("pageable_copy")
+        line("sync_free", f"{steps} steady-state steps: {syncs.count} host syncs {kinds or ''} (allowed {allowed}"
+             f"{', sync debug mode error' if device.type == 'cuda' else ''}){'; at ' + ', '.join(syncs.where[:4]) if not ok else ''}",
+             "OK" if ok else "FAIL")
+
+
 CHECKS = (check_env, check_scaled_mm, check_gemms, check_bitwise, check_scaled_op, check_compiled, check_bandwidth,
           check_steps, check_tiny_snip)  # most telling first: the 7-minute limit cuts the tail
+CHECKS += (check_sync_free,)  # issue #34 item 4; its place in the order is the ordering's (issue #34 item 1)
 
 
 def force_fallback() -> None:

@@ -8,8 +8,10 @@
 For each of the 1B model's linears (TinyLlama: d=2048, ffn 5632; T = 8 x 2048 tokens) one
 ``quant_linear`` forward+backward (fprop, dgrad, wgrad) through the ``torch`` backend under BF16
 autocast, per format, against the same with format ``bf16``; the ratio is the summed time over
-the linears. Formats the backend runs emulated here are marked, and the table's value is printed
-next to each measurement. Timing: ``gpu_check.timed`` (CUDA events, median of ``--reps`` after two
+the linears. Formats the backend runs emulated here are marked (``--formats fp8,nvfp4`` on Hopper
+measures the emulated GEMM's cost, ``capability.emulated_gemm_time_ratio`` in the table), and the
+table's value is printed next to each measurement; the last line gives the measurement as
+``snip.time_costs``, which replaces the table. Timing: ``gpu_check.timed`` (CUDA events, median of ``--reps`` after two
 warm-up calls). ``scripts/gpu_check.sh`` runs it after the device check.
 """
 
@@ -71,7 +73,11 @@ def main(argv: list[str] | None = None) -> int:
           f"1B layer shapes fwd+bwd:")
     for f, r in ratios.items():
         how = "native" if capability.runs_native("torch", f, sm) else "emulated"
-        print(f"  {f:<10} measured {r:5.2f}   table {table[f]:g} ({how})")
+        print(f"  {f:<10} measured {r:5.2f}   table {table[f]:.3g} ({how})")
+    # The measurement replaces the table (datasheet ratios, and the emulated GEMM's
+    # capability.emulated_gemm_time_ratio) for a run, the dry run and solve_plan:
+    costs = ", ".join(f'"{f}={r:.3g}"' for f, r in ratios.items())
+    print(f"  as a config: --set 'snip.time_costs=[{costs}]'")
     return 0
 
 

@@ -42,7 +42,9 @@ from megatron_snip.precision.formats import FORMATS, get_format
 __all__ = [
     "ARCH_NAMES",
     "BACKENDS",
+    "DATASHEET_TFLOPS",
     "EMULATED_GEMM_TIME_RATIO",
+    "EMULATED_GEMM_TIME_RATIO_CPU",
     "GEMM_TIME_RATIO",
     "GPUS",
     "PEAK_BF16_TFLOPS",
@@ -141,11 +143,35 @@ GEMM_TIME_RATIO: dict[str, dict[str, float]] = {
     "Blackwell": {"bf16": 1.0, "fp8": 0.5, "fp8_block": 0.5, "mxfp8": 0.5, "nvfp4": 0.25, "mxfp4": 0.25},
 }
 # A GEMM the device and backend run *emulated* (quantize-dequantize, then a high-precision GEMM)
-# costs more than BF16: this is the emulated GEMM's time over the unquantized one, the smallest
-# ratio over the formats in docs/bench/emulated_gemm_ratio.txt (quant_linear forward+backward at a
-# 1B-model layer, 1 thread; the command is in that file). Any factor > 1 keeps a plan from choosing
-# an emulated format to save time, which is all the models need it for.
-EMULATED_GEMM_TIME_RATIO = 1.5
+# costs more than BF16. On CUDA that GEMM is an fp32 matmul with TF32 off (the emulated formats'
+# numerics: CUDA cores' FFMA, no tensor cores), so per FLOP it costs the datasheet ratio of the
+# dense BF16 tensor-core peak to the FP32 (non-tensor) peak; the quantize-dequantize passes are
+# memory-bound and small next to it. Dense peaks in TFLOPS, (BF16 tensor core, FP32):
+#   Ampere    A100 SXM:           312 / 19.5  -> 16.0x   (NVIDIA A100 datasheet)
+#   Ada       L40S:               362 / 91.6  ->  3.95x  (NVIDIA L40S datasheet; BF16 733 with sparsity)
+#   Hopper    H100/H200 SXM:      989 / 67    -> 14.8x   (NVIDIA H100 datasheet: BF16 1979 with sparsity)
+#   Blackwell HGX B200 (1000 W): 2250 / 80    -> 28.1x   (NVIDIA Blackwell datasheet: BF16 4.5 PF with sparsity)
+# ``scripts/gpu_time_ratios.py`` measures the real figure on a device (``--formats`` with an
+# emulated one) and prints it as ``snip.time_costs``, which replaces this table for a run and
+# for the dry run. A GPU older than Ampere has no BF16 tensor cores to compare with: the Ampere
+# figure stands in.
+DATASHEET_TFLOPS: dict[str, tuple[float, float]] = {
+    "Ampere": (312.0, 19.5),
+    "Ada": (362.0, 91.6),
+    "Hopper": (989.0, 67.0),
+    "Blackwell": (2250.0, 80.0),
+}
+EMULATED_GEMM_TIME_RATIO: dict[str, float] = {arch: bf16 / fp32 for arch, (bf16, fp32) in DATASHEET_TFLOPS.items()}
+# On CPU (the development machine) the emulated GEMM costs about 1.5x the unquantized one: the
+# smallest ratio over the formats in docs/bench/emulated_gemm_ratio.txt (quant_linear
+# forward+backward at a 1B-model layer, 1 thread; the command is in that file).
+EMULATED_GEMM_TIME_RATIO_CPU = 1.5
+
+
+def emulated_gemm_time_ratio(sm: tuple[int, int]) -> float:
+    """GEMM time per FLOP of an emulated GEMM against BF16 on a GPU of compute capability ``sm``."""
+    arch = arch_of(sm)
+    return EMULATED_GEMM_TIME_RATIO.get(arch, EMULATED_GEMM_TIME_RATIO["Ampere"])
 
 
 def arch_of(sm: tuple[int, int]) -> str:
@@ -179,13 +205,39 @@ def runs_native(backend: str, fmt: str, sm: tuple[int, int]) -> bool:
 def gemm_time_costs(backend: str, formats: Iterable[str], sm: tuple[int, int]) -> dict[str, float]:
     """Relative GEMM time per FLOP of each of ``formats`` (and ``"bf16"``, the reference 1.0) under
     ``backend`` on a GPU of compute capability ``sm``: the datasheet ratio where the format runs on
-    tensor cores, ``EMULATED_GEMM_TIME_RATIO`` (> 1) where it runs emulated."""
+    tensor cores, ``emulated_gemm_time_ratio(sm)`` (> 1) where it runs emulated. Per format, for
+    shapes the format's GEMMs accept (``gemm_runs_native`` prices one GEMM's shapes)."""
     def cost(f: str) -> float:
         if f == "bf16":
             return 1.0  # the reference, on every GPU
-        return GEMM_TIME_RATIO[arch_of(sm)][f] if runs_native(backend, f, sm) else EMULATED_GEMM_TIME_RATIO
+        return GEMM_TIME_RATIO[arch_of(sm)][f] if runs_native(backend, f, sm) else emulated_gemm_time_ratio(sm)
 
     return {f: cost(f) for f in dict.fromkeys(("bf16", *formats))}
+
+
+def gemm_runs_native(backend: str, fmt: str, sm: tuple[int, int], gemm: str, n: int, k: int, tokens: int) -> bool:
+    """``runs_native`` for one GEMM of a linear with TP-local weight (``n``, ``k``) on ``tokens``
+    tokens: the torch backend also applies cuBLAS's scaled-mm shape rule to the GEMM's operands
+    (``scaled_mm_shape_error``: a shape it refuses runs emulated, e.g. ``fp8_block`` with
+    K/128 % 4 != 0), as ``ScaledMMGemm`` does at run time."""
+    if not runs_native(backend, fmt, sm):
+        return False
+    if backend != "torch" or fmt == "bf16":
+        return True
+    from megatron_snip.precision.backends.scaled_mm import scaled_mm_shape_error
+    from megatron_snip.precision.gemm_shapes import gemm_operands
+
+    (_, a_kind, a_shape), (_, b_kind, b_shape) = gemm_operands(gemm, n, k, tokens)
+    return scaled_mm_shape_error(fmt, a_shape, a_kind, b_shape, b_kind, torch.device("cuda")) is None
+
+
+def gemm_time_cost(backend: str, fmt: str, sm: tuple[int, int], gemm: str, n: int, k: int, tokens: int) -> float:
+    """GEMM time per FLOP against BF16 of one GEMM (see ``gemm_runs_native``) in ``fmt``."""
+    if fmt == "bf16":
+        return 1.0
+    if gemm_runs_native(backend, fmt, sm, gemm, n, k, tokens):
+        return GEMM_TIME_RATIO[arch_of(sm)][fmt]
+    return emulated_gemm_time_ratio(sm)
 
 
 def device_compute_capability(device: torch.device | str | None = None) -> tuple[int, int] | None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from megatron_snip.precision.formats import RHT_SIZE, Format, Operand, get_format
 from megatron_snip.precision.plan import GEMMS
 
-__all__ = ["GEMM_OPERANDS", "MAX_OPERAND_ELEMENTS", "gemm_shape_error", "operand_shape_error"]
+__all__ = ["GEMM_OPERANDS", "MAX_OPERAND_ELEMENTS", "gemm_operands", "gemm_shape_error", "operand_shape_error"]
 
 # The stochastic-rounding noise counts elements in uint32 (precision/quantize.py).
 MAX_OPERAND_ELEMENTS = 2**32
@@ -68,6 +68,16 @@ def operand_shape_error(
     return None
 
 
+def gemm_operands(gemm: str, n: int, k: int, tokens: int) -> tuple[tuple[str, Operand, tuple[int, int]], ...]:
+    """``gemm``'s two operands (name, kind, (rows, cols)) for a linear with TP-local weight
+    (``n``, ``k``) on ``tokens`` tokens: the first is a scaled-mm's ``a``, the second its ``b``
+    (the GEMM is a·bᵀ, both with the reduction dim last)."""
+    if gemm not in GEMM_OPERANDS:
+        raise ValueError(f"gemm={gemm!r} is not one of {GEMMS}")
+    dims = {"N": n, "K": k, "T": tokens}
+    return tuple((name, operand, (dims[rows], dims[cols])) for name, operand, (rows, cols) in GEMM_OPERANDS[gemm])
+
+
 def gemm_shape_error(fmt: str | Format, gemm: str, n: int, k: int, tokens: int) -> str | None:
     """Why ``gemm`` of a linear with TP-local weight (``n``, ``k``) on ``tokens`` tokens cannot run in ``fmt``.
 
@@ -75,14 +85,10 @@ def gemm_shape_error(fmt: str | Format, gemm: str, n: int, k: int, tokens: int) 
     ``"<operand> (<rows>, <cols>): <reason>"``, joined by "; " - e.g. ``"W^T (128, 200): format
     'fp8_block' quantizes weight operands in blocks of 128 ..."``.
     """
-    if gemm not in GEMM_OPERANDS:
-        raise ValueError(f"gemm={gemm!r} is not one of {GEMMS}")
     spec = get_format(fmt) if isinstance(fmt, str) else fmt
-    dims = {"N": n, "K": k, "T": tokens}
     hadamard = gemm == "wgrad" and spec.wgrad_hadamard
     misfits = []
-    for name, operand, (rows, cols) in GEMM_OPERANDS[gemm]:
-        shape = (dims[rows], dims[cols])
+    for name, operand, shape in gemm_operands(gemm, n, k, tokens):
         error = operand_shape_error(shape, spec, operand, hadamard=hadamard)
         if error is not None:
             misfits.append(f"{name} {shape}: {error}")

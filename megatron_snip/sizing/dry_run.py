@@ -161,6 +161,7 @@ def _snip_sizing(cfg: Config, tp: int, pp: int) -> SnipSizing:
         enabled=s.enabled, granularity=s.granularity, formats=tuple(s.formats), units=units, allowed=allowed,
         booleans=sum(allowed.values()), exactly_one=units, fp4_floors=floors, max_fp4_share=max_fp4_share(cfg, unrunnable),
         time_caps=per_level if s.target != "fp4_share" else 0, unit_kinds=kinds,
+        unit_names=tuple((lin, tuple(gs)) for lin, gs in unit_gemms),
     )
 
 

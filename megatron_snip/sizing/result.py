@@ -71,6 +71,7 @@ class SnipSizing:
         time_caps: GEMM-time constraints (global + per stage) under a time target, else 0.
         unit_kinds: per kind of unit (the same in every block): (FLOP weight K*N summed over its
             GEMMs, the candidates its shapes allow).
+        unit_names: the same kinds' (linear, its GEMMs), in the same order.
     """
 
     enabled: bool
@@ -84,6 +85,7 @@ class SnipSizing:
     max_fp4_share: float
     time_caps: int = 0
     unit_kinds: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    unit_names: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def constraints(self) -> int:

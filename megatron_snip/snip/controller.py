@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from megatron_snip.config import Config
+from megatron_snip.data.device_batches import BatchLoader
 from megatron_snip.model.shapes import linear_numel, model_linear_shapes
 from megatron_snip.parallel import comm
 from megatron_snip.precision.plan import GemmId, PrecisionPlan
@@ -53,10 +54,15 @@ def is_replan_step(step: int, warmup: int, interval: int) -> bool:
 
 
 def draw_micro_batches(dataset: TokenSource, start: int, count: int, size: int,
-                       device: torch.device) -> list[torch.Tensor]:
+                       device: torch.device | None) -> list[torch.Tensor]:
     """``count`` consecutive micro-batches of ``size`` sequences from sequence ``start`` of
-    ``dataset``, each (size, S+1) tokens on ``device``."""
-    return [dataset.batch(start + i * size, size).to(device) for i in range(count)]
+    ``dataset``, each (size, S+1) tokens: on ``device`` (pinned and non-blocking on CUDA:
+    ``data.device_batches``), or on the host for ``device=None``."""
+    host = [dataset.batch(start + i * size, size) for i in range(count)]
+    if device is None:
+        return host
+    loader = BatchLoader(device)
+    return [loader.load(b) for b in host]
 
 
 def reusable_micro_batches(probes: list[torch.Tensor], micro: list[torch.Tensor]) -> int:
@@ -114,11 +120,11 @@ class SnipController:
     def probe_batches(self, host: SnipHost, step: int, count: int | None = None) -> list[torch.Tensor]:
         """``count`` (default ``snip.probe_batches``; the ``truth`` policy's ``snip.truth_batches``)
         micro-batches of ``snip.probe_micro_batch_size`` sequences starting at this step's data
-        (this DP rank's share)."""
+        (this DP rank's share), on the host (``host.load_batch`` takes them to the device)."""
         n = self.cfg.snip.probe_batches if count is None else count
         size = self.cfg.probe_micro_batch_size()
         start = step * self.cfg.training.global_batch_size + host.topo.dp_rank * n * size
-        return draw_micro_batches(host.train_data, start, n, size, host.device)
+        return draw_micro_batches(host.train_data, start, n, size, None)
 
     def replan(self, host: SnipHost, step: int) -> Replan:
         """Collect (every rank) -> reduce -> metrics + solve (global rank 0) -> broadcast -> apply
@@ -131,14 +137,15 @@ class SnipController:
         snapshot = None
         reused = 0
         if statistics == "truth":
-            batches = self.probe_batches(host, step, self.cfg.snip.truth_batches)
+            batches = [host.load_batch(b) for b in self.probe_batches(host, step, self.cfg.snip.truth_batches)]
             snapshot = truth.measure(host, batches, self.context.candidates, step)
             timings.update(snapshot["timings"])
             timings["stats_s"] = time.perf_counter() - t0
         elif statistics is not None:
-            probes = self.probe_batches(host, step)
-            if self.cfg.snip.reuse_step:
-                reused = reusable_micro_batches(probes, host.micro_batches(step))
+            on_host = self.probe_batches(host, step)
+            if self.cfg.snip.reuse_step:  # compared on the host: no device read
+                reused = reusable_micro_batches(on_host, host.micro_batches(step, on_host=True))
+            probes = [host.load_batch(b) for b in on_host]
             local, reference = self.collector.collect_with_reference(host, probes, step, reused,
                                                                      noise_passes=statistics == "all")
             if reference is not None:

@@ -107,8 +107,8 @@ class SnipHost(ProbeHost, Protocol):
     statistics snapshot, precision map, metrics, W&B, checkpointed state) and
     ``record_plan_summary`` the end-of-run plots. ``micro_batches`` and ``reuse_reference`` let the
     re-plan step's training step take the gradients of the statistics' reference pass
-    (``snip.reuse_step``). ``train_data`` is where probe batches come from. ``plan_history`` is
-    every plan in force so far, in order (checkpointed with the run).
+    (``snip.reuse_step``). ``train_data`` is where probe batches come from, ``load_batch`` takes them to
+    the device. ``plan_history`` is every plan in force so far, in order (checkpointed with the run).
     ``extra_state`` is the callbacks' checkpointed state (restored on resume; ``record_replan``
     keeps the controller's under ``"snip"``); ``logger`` the text log.
     """
@@ -132,8 +132,14 @@ class SnipHost(ProbeHost, Protocol):
     @property
     def train_data(self) -> TokenSource: ...
 
-    def micro_batches(self, step: int) -> list[torch.Tensor]:
-        """This rank's micro-batches of optimizer step ``step``, each (B, S+1) on the device."""
+    def micro_batches(self, step: int, on_host: bool = False) -> list[torch.Tensor]:
+        """This rank's micro-batches of optimizer step ``step``, each (B, S+1): where its stage
+        reads them (the device), or on the host (``on_host``: compared without a device read)."""
+        ...
+
+    def load_batch(self, tokens: torch.Tensor) -> torch.Tensor:
+        """A host batch (B, S+1) where this rank's stage reads it: on the device, pinned and
+        non-blocking on CUDA; left on the host on a middle pipeline stage (it reads no tokens)."""
         ...
 
     def reuse_reference(self, reference: ReferencePass) -> None:

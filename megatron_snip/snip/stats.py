@@ -38,8 +38,9 @@ import torch
 from megatron_snip.config import CURVATURE_NOISE, LOSS_FIRST_ORDER
 from megatron_snip.model.layers import ColumnParallelLinear, PrecisionLinear
 from megatron_snip.precision.plan import LINEARS, GemmPrecision
+from megatron_snip.snip.device_sums import DeviceSums
 from megatron_snip.snip.host import ProbeHost, ReferencePass
-from megatron_snip.snip.measure import operand_error, quantized_gemms, weight_error
+from megatron_snip.snip.measure import operand_error_t, quantized_gemms, weight_error
 
 BF16 = GemmPrecision()
 
@@ -70,22 +71,23 @@ class _Record:
     noise: torch.Tensor | None = None  # (T, N) forward noise of the current draw (pass 2), fp32
     noise_realized: torch.Tensor | None = None  # (T, N) fp32: what the noise actually changed Y by (pass 2)
     grad_noise_sigma: float = 0.0  # > 0: add N(0, σ²) to the gradient of X (pass 3)
-    grad_noise_sq: float = 0.0  # ‖ε‖² of the injected gradient noise
+    grad_noise_sq: list[torch.Tensor] | None = None  # ‖ε‖² of each injected gradient noise (0-d, on the device)
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1]).float()
 
 
-def adam_denominator(optimizer: torch.optim.Optimizer, param: torch.Tensor, fallback_grad: torch.Tensor) -> torch.Tensor:
+def adam_denominator(optimizer: torch.optim.Optimizer, param: torch.Tensor, fallback_grad: torch.Tensor,
+                     step: float | None = None) -> torch.Tensor:
     """√v̂ + eps of AdamW for ``param`` (bias-corrected); before the first step, |g| + eps
-    (what Adam's first update divides by)."""
+    (what Adam's first update divides by). ``step``: its step count if already read (``adam_steps``)."""
     group = next(g for g in optimizer.param_groups if any(p is param for p in g["params"]))
     eps, beta2 = group["eps"], group["betas"][1]
     state = _adam_state(optimizer, param)
     if "exp_avg_sq" not in state:
         return fallback_grad.abs() + eps
-    step = float(state["step"])
+    step = float(state["step"]) if step is None else step
     v_hat = state["exp_avg_sq"] / (1.0 - beta2**step)
     return v_hat.sqrt() + eps
 
@@ -141,7 +143,7 @@ class StatsCollector:
                     x = x.detach().requires_grad_()
                 if rec.grad_noise_sigma > 0 and x.requires_grad:
                     eps = torch.randn(x.shape, generator=gen, device=x.device) * rec.grad_noise_sigma
-                    rec.grad_noise_sq += float(eps.pow(2).sum())
+                    rec.grad_noise_sq = (rec.grad_noise_sq or []) + [eps.pow(2).sum()]
                     x.register_hook(lambda g: g + eps.to(g.dtype))
                 if mode == "record" and x.requires_grad:
                     # An alias of X whose gradient is this GEMM's dgrad alone (X may feed others).
@@ -199,6 +201,9 @@ class StatsCollector:
         sums: dict[str, dict[str, Any]] = {k: _empty_linear_sums(lin, self.cfg.formats) for k, lin in zip(keys, linears)}
         edw_acc: dict[str, dict[str, torch.Tensor]] = {k: {} for k in keys}
         timings: dict[str, float] = {}
+        # Every statistic stays on the device until the reads below (DeviceSums: one transfer each,
+        # after pass 1, for the noise scales, and at the end), not one float() per value.
+        pending = DeviceSums()
         optimizer.zero_grad(set_to_none=True)
 
         # Pass 1: reference forward/backward and measured GEMM errors per format.
@@ -223,43 +228,49 @@ class StatsCollector:
             reference_g.append({k: records[k].g for k in keys})
             errors_y.append({})
             for k, lin in zip(keys, linears):
-                e_y = self._measure_errors(lin, records[k], sums[k], edw_acc[k], errors_w[k], gen, first_batch=b == 0)
+                e_y = self._measure_errors(lin, records[k], sums[k], edw_acc[k], errors_w[k], gen, pending,
+                                           first_batch=b == 0)
                 if keep_ey:
                     errors_y[b][k] = e_y
         grads = {id(p): p.grad.detach() / n for p in model.parameters() if p.grad is not None}
         timings["reference_pass_s"] = time.perf_counter() - t0
 
         # AdamW preconditioning: wgrad update errors and the reference update norm.
-        total_sq_update = 0.0
+        totals = {"total_sq_update": 0.0, "probe_loss_sum": 0}
         denominators: dict[int, torch.Tensor] = {}
+        steps = adam_steps(optimizer, [p for p in model.parameters() if id(p) in grads])
         for p in model.parameters():
             if id(p) not in grads:
                 continue
-            denom = adam_denominator(optimizer, p, grads[id(p)])
+            denom = adam_denominator(optimizer, p, grads[id(p)], steps.get(id(p)))
             denominators[id(p)] = denom
-            total_sq_update += float((grads[id(p)] / denom).pow(2).sum())
+            pending.add(totals, "total_sq_update", (grads[id(p)] / denom).pow(2).sum())
         for k, lin in zip(keys, linears):
             denom = denominators[id(lin.weight)]
             s = sums[k]
-            s["sq_dw"] = float(grads[id(lin.weight)].pow(2).sum()) * n * n
-            s["sq_dw_precond"] = float((grads[id(lin.weight)] / denom).pow(2).sum())
+            pending.set(s, "sq_dw", grads[id(lin.weight)].pow(2).sum(), then=lambda v: v * n * n)
+            pending.set(s, "sq_dw_precond", (grads[id(lin.weight)] / denom).pow(2).sum())
             for f, e in edw_acc[k].items():
-                s["per_format"][f]["sq_edw"] = float(e.pow(2).sum())
-                s["per_format"][f]["sq_edw_precond"] = float((e / n / denom).pow(2).sum())
-            _add_adam_norms(optimizer, lin.weight, s)
-            _add_momentum_first_order(optimizer, lin.weight, errors_w[k], s)
+                pending.set(s["per_format"][f], "sq_edw", e.pow(2).sum())
+                pending.set(s["per_format"][f], "sq_edw_precond", (e / n / denom).pow(2).sum())
+            _add_adam_norms(optimizer, lin.weight, s, pending)
+            _add_momentum_first_order(optimizer, lin.weight, errors_w[k], s, pending, steps.get(id(lin.weight)))
+        for loss in losses:
+            pending.add(totals, "probe_loss_sum", loss)
+        pending.settle()  # the one read of pass 1: the noise passes scale their noise by these sums
         optimizer.zero_grad(set_to_none=True)
 
         propagation: dict[str, dict[str, float]] = {}
         if noise_passes:
             propagation = self._noise_passes(host, linears, keys, probe_batches, reference_g, errors_y, denominators,
-                                             sums, gen, timings)
+                                             sums, gen, timings, pending)
+            pending.settle()  # the one read of passes 2 and 3
         return {
             "step": step,
             "formats": list(self.cfg.formats),
             "num_probe_batches": n,
-            "probe_loss_sum": sum(float(loss) for loss in losses),
-            "total_sq_update": total_sq_update,
+            "probe_loss_sum": totals["probe_loss_sum"],
+            "total_sq_update": totals["total_sq_update"],
             "replicas": 1,
             "noise_passes": noise_passes,
             "loss_first_order": self.cfg.loss_first_order,
@@ -272,8 +283,9 @@ class StatsCollector:
                       probe_batches: list[torch.Tensor], reference_g: list[dict[str, torch.Tensor]],
                       errors_y: list[dict[str, dict[str, torch.Tensor]]],
                       denominators: dict[int, torch.Tensor], sums: dict[str, dict[str, Any]],
-                      gen: torch.Generator, timings: dict[str, float]) -> dict[str, dict[str, float]]:
-        """Passes 2 and 3: curvature sums into ``sums``; returns the propagation gains."""
+                      gen: torch.Generator, timings: dict[str, float], pending: DeviceSums) -> dict[str, dict[str, float]]:
+        """Passes 2 and 3: curvature sums into ``sums``; returns the propagation gains (both
+        complete once ``pending`` is settled)."""
         optimizer = host.optimizer
         # Pass 2: forward noise -> curvature along Y. One noisy pass per draw, differenced against
         # the reference pass's G(0): at the same number of passes this is less noisy than
@@ -289,21 +301,23 @@ class StatsCollector:
                 g_noisy, realized = self.noisy_output_grads(host, tokens, noise)
                 for k in keys:
                     eps = realized[k]
-                    sums[k]["curv_num"] += float((eps * (g_noisy[k] - _flat(g_ref[k]))).sum())
-                    sums[k]["curv_den"] += float(eps.pow(2).sum())
+                    pending.add(sums[k], "curv_num", (eps * (g_noisy[k] - _flat(g_ref[k]))).sum())
+                    pending.add(sums[k], "curv_den", eps.pow(2).sum())
         timings["forward_noise_pass_s"] = time.perf_counter() - t0
 
         # Pass 3: exact propagation gain of dgrad errors to earlier parameters.
         t0 = time.perf_counter()
-        propagation = self._propagation_pass(host, linears, keys, probe_batches[0], denominators, sums, gen, harshest)
+        propagation = self._propagation_pass(host, linears, keys, probe_batches[0], denominators, sums, gen, harshest,
+                                             pending)
         optimizer.zero_grad(set_to_none=True)
         timings["backward_noise_pass_s"] = time.perf_counter() - t0
         return propagation
 
     def _measure_errors(self, lin: PrecisionLinear, rec: _Record, s: dict[str, Any], edw_acc: dict[str, torch.Tensor],
-                        errors_w: dict[str, torch.Tensor], gen: torch.Generator, *,
+                        errors_w: dict[str, torch.Tensor], gen: torch.Generator, pending: DeviceSums, *,
                         first_batch: bool) -> dict[str, torch.Tensor]:
-        """Adds one probe batch's norms and measured errors to ``s``; returns e_Y per format, (T, N) fp32."""
+        """Adds one probe batch's norms and measured errors to ``s`` (through ``pending``: in ``s``
+        once it is settled); returns e_Y per format, (T, N) fp32."""
         assert rec.x is not None and rec.g is not None, f"linear {key_of(lin)} saw no forward/backward"
         x, g, w = _flat(rec.x), _flat(rec.g), lin.weight.detach().float()
         # Y and dX from the pass itself when it ran in fp32 (under bf16 autocast they carry bf16
@@ -312,11 +326,11 @@ class StatsCollector:
         dx_ref = _flat(rec.dx) if rec.dx is not None else g @ w
         dw_ref = g.t() @ x
         s["tokens"] += x.shape[0]
-        s["sq_x"] += float(x.pow(2).sum())
-        s["sq_y"] += float(y_ref.pow(2).sum())
-        s["sq_g"] += float(g.pow(2).sum())
-        s["sq_dx"] += float(dx_ref.pow(2).sum())
-        s["sq_w"] = float(w.pow(2).sum())
+        pending.add(s, "sq_x", x.pow(2).sum())
+        pending.add(s, "sq_y", y_ref.pow(2).sum())
+        pending.add(s, "sq_g", g.pow(2).sum())
+        pending.add(s, "sq_dx", dx_ref.pow(2).sum())
+        pending.set(s, "sq_w", w.pow(2).sum())
         s["numel_y"] += y_ref.numel()
         # Stochastic rounding here draws from ``gen``: it must not consume the training stream.
         q = {"generator": gen, "compiled": self.cfg.compiled_quantizers}
@@ -325,17 +339,18 @@ class StatsCollector:
             y_q, dx_q, dw_q = quantized_gemms(lin, x, g, GemmPrecision.uniform(f), **q)
             e_y, e_dx, e_dw = y_q - y_ref, dx_q - dx_ref, dw_q - dw_ref
             pf = s["per_format"][f]
-            dot = float((g * e_y).sum())
-            pf["grad_dot_ey"] += dot
-            pf["grad_dot_ew"] += float((dw_ref * errors_w[f]).sum())
-            pf["abs_grad_dot_ey"] += abs(dot)
-            pf["sq_ey"] += float(e_y.pow(2).sum())
-            pf["sq_edx"] += float(e_dx.pow(2).sum())
+            dot = (g * e_y).sum()
+            pending.add(pf, "grad_dot_ey", dot)
+            pending.add(pf, "grad_dot_ew", (dw_ref * errors_w[f]).sum())
+            pending.add_abs(pf, "abs_grad_dot_ey", dot)
+            pending.add(pf, "sq_ey", e_y.pow(2).sum())
+            pending.add(pf, "sq_edx", e_dx.pow(2).sum())
             edw_acc[f] = edw_acc[f] + e_dw if f in edw_acc else e_dw
-            pf["sq_qerr_x"] += operand_error(lin, x, w, f, "x", **q)
-            pf["sq_qerr_g"] += operand_error(lin, g, w, f, "g", **q)
-            if first_batch:  # W is the same for every probe batch
-                pf["sq_qerr_w"] = operand_error(lin, x, w, f, "w", **q)
+            if f != "bf16":  # BF16 operands are exact: ‖Q(a) - a‖² stays 0
+                pending.add(pf, "sq_qerr_x", operand_error_t(lin, x, w, f, "x", **q))
+                pending.add(pf, "sq_qerr_g", operand_error_t(lin, g, w, f, "g", **q))
+                if first_batch:  # W is the same for every probe batch
+                    pending.set(pf, "sq_qerr_w", operand_error_t(lin, x, w, f, "w", **q))
             errors_y[f] = e_y
         return errors_y
 
@@ -361,7 +376,7 @@ class StatsCollector:
 
     def _propagation_pass(self, host: ProbeHost, linears: list[PrecisionLinear], keys: list[str], tokens: torch.Tensor,
                           denominators: dict[int, torch.Tensor], sums: dict[str, dict[str, Any]],
-                          gen: torch.Generator, harshest: str) -> dict[str, dict[str, float]]:
+                          gen: torch.Generator, harshest: str, pending: DeviceSums) -> dict[str, dict[str, float]]:
         """Gain of an error in each linear's input gradient on the AdamW-preconditioned gradients
         of everything before it: {"<layer>.<linear>": {"num": Σ‖J·ε ⊘ (√v̂+eps)‖², "den": ‖ε‖²}}.
 
@@ -394,12 +409,13 @@ class StatsCollector:
                 injections[key] = 0.0
         one_stage = host.topo.pp == 1
         if one_stage and all(lin.backend.repeatable_backward for lin in linears):
-            return self._propagation_by_vjp(host, linears, keys, tokens, params, denominators, injections, gen)
-        return self._propagation_by_reruns(host, linears, keys, tokens, params, denominators, injections, gen)
+            return self._propagation_by_vjp(host, linears, keys, tokens, params, denominators, injections, gen, pending)
+        return self._propagation_by_reruns(host, linears, keys, tokens, params, denominators, injections, gen, pending)
 
     def _propagation_by_vjp(self, host: ProbeHost, linears: list[PrecisionLinear], keys: list[str],
                             tokens: torch.Tensor, params: list[torch.Tensor], denominators: dict[int, torch.Tensor],
-                            injections: dict[str, float], gen: torch.Generator) -> dict[str, dict[str, float]]:
+                            injections: dict[str, float], gen: torch.Generator,
+                            pending: DeviceSums) -> dict[str, dict[str, float]]:
         """pp == 1: one forward keeping each GEMM input X with its graph, then per linear
         ``autograd.grad(X, θ, ε)`` = J·ε exactly. J does not depend on anything after X, so
         neither the loss's backward nor a reference pass is needed (17 -> 1 forward on tiny)."""
@@ -416,21 +432,25 @@ class StatsCollector:
             eps = torch.randn(x.shape, generator=gen, device=x.device) * sigma if sigma > 0 else torch.zeros_like(x)
             deltas = torch.autograd.grad(x, params, grad_outputs=eps.to(x.dtype), retain_graph=True,
                                          allow_unused=True)
-            num = sum(float((d.float() / denominators[id(p)]).pow(2).sum())
-                      for p, d in zip(params, deltas) if d is not None)
-            out[key] = {"num": num, "den": float(eps.pow(2).sum()) if sigma > 0 else 0.0}
+            # As the host sum over the parameters did: 0 + the first + ... in order (``sum``'s start).
+            out[key] = {"num": 0, "den": 0.0}
+            for p, d in zip(params, deltas):
+                if d is not None:
+                    pending.add(out[key], "num", (d.float() / denominators[id(p)]).pow(2).sum())
+            if sigma > 0:
+                pending.set(out[key], "den", eps.pow(2).sum())
         return out
 
     def _propagation_by_reruns(self, host: ProbeHost, linears: list[PrecisionLinear], keys: list[str],
                                tokens: torch.Tensor, params: list[torch.Tensor],
                                denominators: dict[int, torch.Tensor], injections: dict[str, float],
-                               gen: torch.Generator) -> dict[str, dict[str, float]]:
+                               gen: torch.Generator, pending: DeviceSums) -> dict[str, dict[str, float]]:
         """Any pipeline layout: one reference forward/backward (``host.forward_backward``,
         pipelined when pp > 1), then one per linear with ε added to the gradient of its X by a
         hook; J·ε is the difference of the parameter gradients."""
         optimizer = host.optimizer
 
-        def gradients(inject: str | None) -> tuple[list[torch.Tensor | None], float]:
+        def gradients(inject: str | None) -> tuple[list[torch.Tensor | None], list[torch.Tensor]]:
             optimizer.zero_grad(set_to_none=True)
             records = {k: _Record() for k in keys}
             if inject is not None:
@@ -438,15 +458,18 @@ class StatsCollector:
             with self._probes(linears, "plain", records, gen):
                 host.forward_backward([tokens])
             grads = [None if p.grad is None else p.grad.detach().clone() for p in params]
-            return grads, (records[inject].grad_noise_sq if inject is not None else 0.0)
+            return grads, ((records[inject].grad_noise_sq or []) if inject is not None else [])
 
         reference, _ = gradients(None)
         out: dict[str, dict[str, float]] = {}
         for key, sigma in injections.items():
             grads, den = gradients(key if sigma > 0 else None)
-            num = sum(float(((g - g0).float() / denominators[id(p)]).pow(2).sum())
-                      for p, g, g0 in zip(params, grads, reference) if g is not None and g0 is not None)
-            out[key] = {"num": num, "den": den}
+            out[key] = {"num": 0, "den": 0.0}  # the host sums' starts, as before: num from sum(), den from 0.0
+            for p, g, g0 in zip(params, grads, reference):
+                if g is not None and g0 is not None:
+                    pending.add(out[key], "num", ((g - g0).float() / denominators[id(p)]).pow(2).sum())
+            for part in den:
+                pending.add(out[key], "den", part)
         return out
 
 
@@ -464,8 +487,8 @@ def forward_noise(kind: str, keys: list[str], g_ref: Mapping[str, torch.Tensor],
     if kind == "gaussian":
         return {k: torch.randn(g_ref[k].shape, generator=gen, device=g_ref[k].device) * sums[k]["noise_sigma"]
                 for k in keys}
-    signs = torch.randint(0, 2, (len(keys),), generator=gen, device=gen.device) * 2.0 - 1.0
-    return {k: float(s) * e_y[k][harshest] for k, s in zip(keys, signs)}
+    signs = (torch.randint(0, 2, (len(keys),), generator=gen, device=gen.device) * 2.0 - 1.0).tolist()  # one read
+    return {k: s * e_y[k][harshest] for k, s in zip(keys, signs)}
 
 
 def _add_noise(y: torch.Tensor, rec: _Record) -> torch.Tensor:
@@ -503,24 +526,36 @@ def _adam_state(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> dict[s
     return full_state(param) if full_state is not None else (optimizer.state.get(param) or {})
 
 
-def _add_adam_norms(optimizer: torch.optim.Optimizer, param: torch.Tensor, s: dict[str, Any]) -> None:
+def adam_steps(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> dict[int, float]:
+    """{id(param): AdamW's step count} of the parameters that have one, read in one transfer (a
+    fused AdamW keeps its counts on the device: one read per parameter would sync each time)."""
+    states = [(p, _adam_state(optimizer, p)) for p in params]
+    counts = [(id(p), st["step"]) for p, st in states if "exp_avg_sq" in st]
+    on_device = [c for _, c in counts if torch.is_tensor(c)]
+    read = iter(torch.stack([c.reshape(()).double() for c in on_device]).tolist() if on_device else [])
+    return {i: (next(read) if torch.is_tensor(c) else float(c)) for i, c in counts}
+
+
+def _add_adam_norms(optimizer: torch.optim.Optimizer, param: torch.Tensor, s: dict[str, Any],
+                    pending: DeviceSums) -> None:
     state = _adam_state(optimizer, param)
     if "exp_avg" in state:
-        s["sq_m"] = float(state["exp_avg"].pow(2).sum())
-        s["sq_v"] = float(state["exp_avg_sq"].pow(2).sum())
+        pending.set(s, "sq_m", state["exp_avg"].pow(2).sum())
+        pending.set(s, "sq_v", state["exp_avg_sq"].pow(2).sum())
 
 
 def _add_momentum_first_order(optimizer: torch.optim.Optimizer, param: torch.Tensor,
-                              errors_w: Mapping[str, torch.Tensor], s: dict[str, Any]) -> None:
+                              errors_w: Mapping[str, torch.Tensor], s: dict[str, Any], pending: DeviceSums,
+                              step: float | None) -> None:
     """pf["m_dot_ew"] = <m̂, Q(W)-W> per format: the weight error's first-order loss change with the
     expected gradient estimated by AdamW's bias-corrected first moment (0 before the first step)."""
     state = _adam_state(optimizer, param)
     if "exp_avg" not in state:
         return
     group = next(g for g in optimizer.param_groups if any(p is param for p in g["params"]))
-    m_hat = state["exp_avg"].float() / (1.0 - group["betas"][0] ** float(state["step"]))
+    m_hat = state["exp_avg"].float() / (1.0 - group["betas"][0] ** (float(state["step"]) if step is None else step))
     for f, e_w in errors_w.items():
-        s["per_format"][f]["m_dot_ew"] = float((m_hat * e_w).sum())
+        pending.set(s["per_format"][f], "m_dot_ew", (m_hat * e_w).sum())
 
 
 def harshest_format(formats: tuple[str, ...], sums: Mapping[str, Mapping[str, Any]]) -> str:

@@ -1,23 +1,18 @@
 """AdamW with Megatron's parameter groups (no weight decay on norms and embeddings' 1-D params).
 
-Uses apex's FusedAdam on CUDA when apex loads (NVIDIA apex, built from source - it is not on
-PyPI; NGC PyTorch images ship it), else torch's fused AdamW on CUDA, else the foreach
-implementation on CPU.
-
-apex's FusedAdam is adapted to torch's optimizer interface, which the trainer and SNIP's
-statistics rely on (``ApexAdamW``): ``zero_grad(set_to_none=...)`` (apex's takes no argument),
-and a per-parameter ``state["step"]`` next to ``exp_avg``/``exp_avg_sq`` (apex counts steps per
-parameter group). An apex that is installed but fails to load or to build its optimizer (a
-CUDA extension missing or built for another torch: RuntimeError, OSError, ...) falls back to
-torch's fused AdamW with the cause recorded (``precision.fallbacks``: warning + text log).
+On CUDA: torch's fused AdamW (``torch.optim.AdamW(fused=True)``). Its kernel takes the step
+guard's skip flag as ``found_inf`` (``training/step_guard.py``: the device decides, as
+``torch.amp.GradScaler`` does), so a step makes no host read. apex's FusedAdam, preferred here
+before, has no such input: the guard had to read the flag on the host (one ``.item()``, a stream
+sync, per step), so it is no longer chosen. On CPU: the foreach implementation (the reference
+the main job's losses were recorded with; the fused CPU kernel is tested against it in
+``tests/unit/test_optim.py``).
 
 With ``training.distributed_optimizer`` it is the ZeRO-1 ``DistributedOptimizer`` (torch's fused
-kernel on CUDA, foreach on CPU; apex is not used there).
+kernel on CUDA, foreach on CPU).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 from torch import nn
@@ -25,7 +20,6 @@ from torch import nn
 from megatron_snip.config import TrainingConfig
 from megatron_snip.parallel.distributed_optimizer import DistributedOptimizer
 from megatron_snip.parallel.topology import ParallelTopology
-from megatron_snip.precision import fallbacks
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -37,37 +31,6 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def _apex_adamw(groups: list[dict], **kwargs: Any) -> torch.optim.Optimizer:
-    """apex FusedAdam in AdamW mode behind torch's interface (raises whatever apex raises)."""
-    from apex.optimizers import FusedAdam  # type: ignore[import-not-found]
-
-    class ApexAdamW(FusedAdam):
-        """apex FusedAdam with torch's ``zero_grad(set_to_none)`` and a per-parameter ``state["step"]``."""
-
-        def zero_grad(self, set_to_none: bool = True) -> None:
-            for group in self.param_groups:
-                for p in group["params"]:
-                    if p.grad is None:
-                        continue
-                    if set_to_none:
-                        p.grad = None
-                    else:
-                        p.grad.detach_()
-                        p.grad.zero_()
-
-        def step(self, closure: Any = None) -> Any:
-            loss = super().step(closure)
-            for group in self.param_groups:
-                if "step" not in group:  # this apex keeps its own per-parameter step
-                    continue
-                for p in group["params"]:
-                    if p in self.state and "exp_avg" in self.state[p]:
-                        self.state[p]["step"] = group["step"]
-            return loss
-
-    return ApexAdamW(groups, adam_w_mode=True, **kwargs)
-
-
 def build_optimizer(model: nn.Module, cfg: TrainingConfig, device: torch.device,
                     topo: ParallelTopology) -> torch.optim.Optimizer | DistributedOptimizer:
     groups = param_groups(model, cfg.weight_decay)
@@ -75,14 +38,7 @@ def build_optimizer(model: nn.Module, cfg: TrainingConfig, device: torch.device,
     if cfg.distributed_optimizer:
         return DistributedOptimizer(groups, topo, fused=device.type == "cuda", bucket_mb=cfg.grad_bucket_mb,
                                     overlap=cfg.overlap_grad_reduce, **kwargs)
-    if device.type == "cuda":
-        try:
-            return _apex_adamw(groups, **kwargs)
-        except ImportError:
-            pass  # no apex: the usual case outside NGC images
-        except Exception as e:  # noqa: BLE001 - apex present but broken: say so, use torch's
-            fallbacks.record("apex FusedAdam failed to load; using torch.optim.AdamW(fused=True)",
-                             f"{type(e).__name__}: {e}")
+    if device.type == "cuda":  # the skip decided on the device (found_inf): no host read per step
         return torch.optim.AdamW(groups, fused=True, **kwargs)
     return torch.optim.AdamW(groups, foreach=True, **kwargs)
 

@@ -8,9 +8,9 @@ all-reduce over the world group, before the optimizer step.
 
 * **Skip on the device.** ``optimizer_step`` hands the skip flag to a fused AdamW as its
   ``found_inf`` (torch's fused kernel, as ``torch.amp.GradScaler`` does; Megatron's found-inf):
-  the kernel leaves weights, moments and the step count untouched when it is 1. Optimizers
-  without that input (the foreach AdamW on CPU, apex's FusedAdam) read the flag on the host:
-  the one host sync a step then makes, because the guard must decide before the update.
+  the kernel leaves weights, moments and the step count untouched when it is 1 (``build_optimizer``
+  takes that kernel on CUDA). Optimizers without that input (the foreach AdamW on CPU) read the
+  flag on the host: the one host read a step then makes, because the guard must decide before the update.
 * **Read once per interval.** ``StepLedger`` keeps the steps since the last read and reads them
   all with one ``tolist()`` at the trainer's read points (log, eval and save steps, the last
   step). Only then are skipped steps counted and logged, and ``TrainingStopped`` raised for a run
@@ -191,8 +191,8 @@ class LaggedFlags:
     that event alone (``Event.synchronize``), not on the stream, so the step queued since runs on:
     in practice the event has long completed. Elsewhere the copy is a plain one. Two buffers
     alternate: step ``s``'s copy may land before step ``s - 1``'s buffer is read. The read goes
-    through the buffer's numpy view: host memory, not a read of a device tensor (so
-    ``telemetry.host_syncs`` does not count it).
+    through the buffer's numpy view: host memory, not a read of a device tensor; on CUDA
+    ``telemetry.host_syncs`` counts the event wait as an ``"event_sync"`` (a wait, if for work long done).
     """
 
     def __init__(self, device: torch.device) -> None:

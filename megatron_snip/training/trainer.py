@@ -36,6 +36,7 @@ import torch
 from megatron_snip.atomic_io import atomic_write_text
 from megatron_snip.config import Config
 from megatron_snip.data.dataset import GPTDataset, eval_window_batches
+from megatron_snip.data.device_batches import BatchLoader
 from megatron_snip.data.pipeline import DataBundle, build_data
 from megatron_snip.model.llama import LlamaModel
 from megatron_snip.model.shapes import linear_numel, model_linear_shapes
@@ -122,6 +123,8 @@ class Trainer:
                                 pre_process=self.topo.is_first_stage, post_process=self.topo.is_last_stage,
                                 tp=self.tp).to(self.device)
         self.model.set_recompute(t.recompute, t.recompute_every)
+        # Batches reach the device pinned and non-blocking, a step ahead; a middle stage reads no tokens.
+        self.batches = BatchLoader(self.device, needs_tokens=self.topo.is_first_stage or self.topo.is_last_stage)
         self.model.set_compile(t.compile)
         self.schedule = schedule_for(self.topo, cfg.parallel.pp_schedule)
         self.optimizer = build_optimizer(self.model, t, self.device, self.topo)
@@ -261,13 +264,23 @@ class Trainer:
         t = self.cfg.training
         return t.global_batch_size // (t.micro_batch_size * self.topo.dp)
 
-    def micro_batches(self, step: int) -> list[torch.Tensor]:
-        """This DP rank's micro-batches (each (micro, seq_len+1) int64) for optimizer step ``step``."""
+    def _rank_batch(self, step: int) -> torch.Tensor:
+        """This DP rank's share of optimizer step ``step``'s global batch, (per_rank, seq_len+1) int64 on the host."""
         t = self.cfg.training
         per_rank = t.global_batch_size // self.topo.dp
-        start = step * t.global_batch_size + self.topo.dp_rank * per_rank
-        batch = self.data.train.batch(start, per_rank).to(self.device)
-        return list(batch.split(t.micro_batch_size))
+        return self.data.train.batch(step * t.global_batch_size + self.topo.dp_rank * per_rank, per_rank)
+
+    def micro_batches(self, step: int, on_host: bool = False) -> list[torch.Tensor]:
+        """This DP rank's micro-batches (each (micro, seq_len+1) int64) for optimizer step ``step``:
+        on the device (the copy prefetched by the step before when there is one; left on the host
+        on a middle pipeline stage: ``data.device_batches``), or on the host (``on_host``)."""
+        batch = (self._rank_batch(step) if on_host
+                 else self.batches.take(step, lambda: self._rank_batch(step)))
+        return list(batch.split(self.cfg.training.micro_batch_size))
+
+    def load_batch(self, tokens: torch.Tensor) -> torch.Tensor:
+        """A host batch (B, S+1) where this rank's stage reads it (``BatchLoader.load``)."""
+        return self.batches.load(tokens)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.autocast_dtype is None:
@@ -340,6 +353,8 @@ class Trainer:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
         micro = self.micro_batches(step)
+        if step + 1 < self.cfg.training.max_steps:  # the next step's copy overlaps this step's kernels
+            self.batches.prefetch(step + 1, lambda: self._rank_batch(step + 1))
         reference, self._reference = self._reference, None
         reused = take_reference(reference, step, len(micro))
         self.grads.start_step(len(micro) - reused)  # the overlapped reduction counts these backward passes
@@ -375,12 +390,16 @@ class Trainer:
         t = self.cfg.training
         out = {}
         self.model.eval()
-        for name, ds in self.data.valid.items():
-            losses = []
-            for batch in eval_window_batches(ds, t.eval_batches, t.micro_batch_size, t.eval_windows):
-                losses.append(float(self.evaluate_batch(batch.to(self.device))))
+        # The losses stay on the device until one read for all sets (a float() per batch would sync each).
+        losses = {name: [self.evaluate_batch(batch) for batch in
+                         self.batches.ahead(eval_window_batches(ds, t.eval_batches, t.micro_batch_size, t.eval_windows))]
+                  for name, ds in self.data.valid.items()}
+        values = torch.stack([loss.float() for ls in losses.values() for loss in ls]).tolist() if losses else []
+        i = 0
+        for name, ls in losses.items():
+            mine, i = values[i : i + len(ls)], i + len(ls)
             key = "val_loss" if name == "valid" else f"val_loss_{name}"
-            out[key] = sum(losses) / len(losses)
+            out[key] = sum(mine) / len(mine)
         self.model.train()
         if "val_loss" in out:
             out["val_ppl"] = math.exp(min(out["val_loss"], 50.0))

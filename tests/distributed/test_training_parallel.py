@@ -74,7 +74,7 @@ def _run(topo, overrides: list[str], steps: int, save: bool = False, nan_on_dp_r
         out["norms"].append(res.grad_norm)
     out.update(grads0=grads0, params={n: p.detach().clone() for n, p in tr.model.named_parameters()},
                spec=tr.model.tp_shard_spec(), tp=tr.topo.tp, tp_rank=tr.topo.tp_rank, pp_rank=tr.topo.pp_rank,
-               dp_rank=tr.topo.dp_rank)
+               dp_rank=tr.topo.dp_rank, needs_tokens=tr.batches.needs_tokens)
     if save:
         tr.save()
     if nan_on_dp_rank is not None:  # a non-finite loss on ONE replica must make every rank skip
@@ -152,6 +152,8 @@ def test_pp4_deep_pipeline_matches_pp1(cache_dir, tmp_path):
                                            for i, over in enumerate(runs)],), timeout_s=120)
     for i, ref in enumerate(refs):
         _compare([r[i] for r in res], ref, loss_rtol=1e-6, tensor_rtol=1e-5)
+        # the middle stages load no batch (data/device_batches.py); the first and last do
+        assert [r[i]["needs_tokens"] for r in res] == [True, False, False, True]
 
 
 def test_dp2_matches_dp1_with_the_same_global_batch(cache_dir, tmp_path, ref3):

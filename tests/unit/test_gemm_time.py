@@ -55,16 +55,46 @@ def exact_time(entries, time_cost) -> tuple[Fraction, Fraction]:
 # The time table
 # --------------------------------------------------------------------------------------
 def test_time_table_datasheet_ratios_and_emulated_cost():
+    hopper, blackwell = 989.0 / 67.0, 2250.0 / 80.0  # dense BF16 tensor-core / FP32 peaks (capability's sources)
     assert capability.gemm_time_costs("torch", ["fp8", "fp8_block", "nvfp4"], H100) == {
-        "bf16": 1.0, "fp8": 0.5, "fp8_block": 0.5, "nvfp4": capability.EMULATED_GEMM_TIME_RATIO}
+        "bf16": 1.0, "fp8": 0.5, "fp8_block": 0.5, "nvfp4": hopper}
     assert capability.gemm_time_costs("te", ["fp8", "mxfp8", "nvfp4", "mxfp4"], B200) == {
-        "bf16": 1.0, "fp8": 0.5, "mxfp8": 0.5, "nvfp4": 0.25, "mxfp4": capability.EMULATED_GEMM_TIME_RATIO}
+        "bf16": 1.0, "fp8": 0.5, "mxfp8": 0.5, "nvfp4": 0.25, "mxfp4": blackwell}
+    assert round(hopper, 1) == 14.8 and round(blackwell, 1) == 28.1  # the issue's ~15x and ~28x
     # the emulated backend emulates everything; A100 has no FP8 tensor cores
-    assert capability.gemm_time_costs("emulated", ["fp8"], H100)["fp8"] > 1.0
-    assert capability.gemm_time_costs("te", ["fp8"], capability.GPUS["a100"].sm)["fp8"] > 1.0
-    assert capability.EMULATED_GEMM_TIME_RATIO > 1.0
-    # an older GPU (V100, sm_70): BF16 is the reference, everything else emulated
-    assert capability.gemm_time_costs("torch", ["fp8"], (7, 0)) == {"bf16": 1.0, "fp8": capability.EMULATED_GEMM_TIME_RATIO}
+    assert capability.gemm_time_costs("emulated", ["fp8"], H100)["fp8"] == hopper
+    assert capability.gemm_time_costs("te", ["fp8"], capability.GPUS["a100"].sm)["fp8"] == 312.0 / 19.5
+    assert all(r > 1.0 for r in capability.EMULATED_GEMM_TIME_RATIO.values())
+    # an older GPU (V100, sm_70): BF16 is the reference, everything else emulated (Ampere's figure stands in)
+    assert capability.gemm_time_costs("torch", ["fp8"], (7, 0)) == {"bf16": 1.0, "fp8": 312.0 / 19.5}
+
+
+def test_the_shape_rule_prices_each_gemm():
+    """torch backend, fp8_block, 70B at TP=8 on H100: qkv's dgrad has K = 1280 (K/128 = 10, not a
+    multiple of 4: cuBLAS's 128x128 scale padding), so it runs emulated and is priced so; every
+    other GEMM runs the scaled-mm at the datasheet ratio. Checked against the shape rule itself."""
+    from megatron_snip.precision.backends.scaled_mm import scaled_mm_shape_error
+    from megatron_snip.precision.gemm_shapes import gemm_operands
+    from megatron_snip.sizing import dry_run_report, estimate
+    from megatron_snip.sizing.gemm_time import GemmPrices
+
+    cfg = load_config("launch/configs/llama_70b.toml", ['precision.backend="torch"'])
+    sizing = estimate(cfg, 64, "h100")
+    prices = GemmPrices(cfg, sizing, ["fp8_block"])
+    assert prices.emulated("fp8_block") == ["qkv.dgrad"]
+    local = model_shapes.local_linear_shapes(model_shapes.model_linear_shapes(cfg.model), 8)
+    tokens = cfg.training.micro_batch_size * cfg.training.seq_len
+    for lin in ("qkv", "proj", "fc1", "fc2"):
+        for g in ("fprop", "dgrad", "wgrad"):
+            (_, ak, a), (_, bk, b) = gemm_operands(g, *local[lin], tokens)
+            refused = scaled_mm_shape_error("fp8_block", a, ak, b, bk, "cuda") is not None
+            assert prices.cost[("fp8_block", lin, g)] == (989.0 / 67.0 if refused else 0.5)
+    numel = model_shapes.linear_numel(model_shapes.model_linear_shapes(cfg.model))
+    expected = (sum(numel.values()) * 3 * 0.5 + numel["qkv"] * (989.0 / 67.0 - 0.5)) / (sum(numel.values()) * 3)
+    assert prices.ratio("fp8_block") == pytest.approx(expected, rel=1e-12)
+    text = dry_run_report(cfg, 64, "h100")
+    assert "fp8_block runs emulated for qkv.dgrad" in text
+    assert "cheapest achievable 0.549" in text  # qkv stays BF16: its three GEMMs together cost more in fp8_block
 
 
 # --------------------------------------------------------------------------------------
@@ -148,7 +178,7 @@ def test_infeasible_budget_names_the_cheapest_ratio():
         ctx(budget=0.4)
     # Every candidate emulated (the emulated backend): the cheapest achievable is named too.
     tc = capability.gemm_time_costs("emulated", ["fp8", "nvfp4"], H100)
-    with pytest.raises(ilp.InfeasibleError, match=r"slower than BF16.*cheapest achievable is 1\.5"):
+    with pytest.raises(ilp.InfeasibleError, match=r"slower than BF16.*cheapest achievable is 14\.76"):  # 989/67: H100
         ctx(("fp8", "nvfp4"), 0.9, tc)
     # A static rule whose fast candidate alone cannot meet the budget names its own cheapest ratio.
     mixed = {"bf16": 1.0, "fp8": 0.5, "fp8_block": 0.75}
@@ -220,8 +250,9 @@ def test_dry_run_warns_when_a_plan_is_slower_than_bf16():
     cfg = load_config("launch/configs/llama_70b.toml", ['snip.target="fp4_share"', "snip.fp4_target=0.75",
                                                         'snip.formats=["fp8", "nvfp4"]'])
     text = dry_run_report(cfg, 64, "h100")
-    assert "at best 1.25 of BF16 GEMM time" in text and "at least 75% of linear FLOPs emulated" in text
-    assert "WARNING: this plan would run SLOWER than BF16 on H100 (1.25x)" in text
+    # 0.75 x 989/67 (nvfp4 emulated: an fp32 GEMM) + 0.25 x 0.5 (fp8) = 11.2
+    assert "at best 11.2 of BF16 GEMM time" in text and "at least 75% of linear FLOPs emulated" in text
+    assert "WARNING: this plan would run SLOWER than BF16 on H100 (11.2x)" in text
 
 
 def test_gpu_time_ratios_script_smoke(capsys):
@@ -239,3 +270,4 @@ def test_gpu_time_ratios_script_smoke(capsys):
     assert mod.main(["--smoke", "--reps", "1", "--formats", "fp8"]) == 0
     out = capsys.readouterr().out
     assert "bf16       measured  1.00   table 1" in out and "fp8        measured" in out and "table 0.5" in out
+    assert "as a config: --set 'snip.time_costs=[\"bf16=1\", \"fp8=" in out  # the measurement replaces the table

@@ -47,3 +47,14 @@ def test_smoke_fails_on_a_forced_fallback():
     assert len(gemm) == 1 and gemm[0].endswith("FAIL") and "emulated fallback" in gemm[0], gemm
     total = _lines(run.stdout, "total")
     assert total and total[0].endswith("FAIL") and "scaled_mm" in total[0] and "gemm_fp8" in total[0]
+
+
+def test_smoke_runs_the_sync_free_check():
+    """``check_sync_free`` on CPU: the steady-state steps' only host reads are the foreach AdamW's
+    skip flag (one per step), and no pageable host-to-device copy is counted."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    run = subprocess.run([sys.executable, "scripts/gpu_check.py", "--smoke", "--only", "sync_free"], check=False,
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    (sync,) = _lines(run.stdout, "sync_free")
+    assert "3 steady-state steps: 3 host syncs {'read': 3} (allowed 3)" in sync and sync.endswith("OK")

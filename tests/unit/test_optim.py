@@ -1,10 +1,9 @@
-"""The optimizer seam with apex's FusedAdam as NGC images ship it, on CPU with a stand-in.
+"""The optimizer seam: torch's fused AdamW on CUDA (its ``found_inf`` skips on the device), the
+foreach AdamW on CPU, and the fused kernel's numerics against the foreach reference.
 
-``FakeFusedAdam`` has apex's interface and state layout: ``zero_grad(self)`` without
-``set_to_none``, the step count per parameter group (``group["step"]``), per-parameter state
-with only ``exp_avg``/``exp_avg_sq``. The seam must give the trainer and SNIP's statistics
-torch's interface (``zero_grad(set_to_none=True)``, ``state[p]["step"]``), and fall back to
-torch's AdamW when apex is installed but broken.
+PyTorch's fused AdamW also runs on CPU, so its numerics and its ``found_inf`` input are tested
+here on CPU tensors; ``build_optimizer`` is asked for a CUDA optimizer with CPU parameters (the
+constructor does not care where the parameters live).
 """
 
 from __future__ import annotations
@@ -12,56 +11,19 @@ from __future__ import annotations
 import sys
 import types
 
-import pytest
 import torch
 from torch import nn
 
 from megatron_snip.config import TrainingConfig
 from megatron_snip.parallel.topology import ParallelTopology
-from megatron_snip.precision import fallbacks
-from megatron_snip.snip.stats import adam_denominator
+from megatron_snip.snip.stats import adam_denominator, adam_steps
+from megatron_snip.telemetry.host_syncs import count_host_syncs
 from megatron_snip.training.optim import adam_state, build_optimizer
+from megatron_snip.training.step_guard import optimizer_step, takes_found_inf
 
-
-class FakeFusedAdam(torch.optim.Optimizer):
-    """apex.optimizers.FusedAdam's interface (AdamW mode), in plain PyTorch."""
-
-    def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8, adam_w_mode=True,
-                 weight_decay=0.0, amsgrad=False, set_grad_none=True):
-        assert adam_w_mode
-        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
-        self.set_grad_none = set_grad_none
-
-    def zero_grad(self):  # apex: no set_to_none argument
-        for group in self.param_groups:
-            for p in group["params"]:
-                p.grad = None
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        for group in self.param_groups:
-            group["step"] = group.get("step", 0) + 1  # apex: one count per group
-            b1, b2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                st = self.state[p]
-                if len(st) == 0:
-                    st["exp_avg"], st["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
-                st["exp_avg"].mul_(b1).add_(p.grad, alpha=1 - b1)
-                st["exp_avg_sq"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
-                m_hat = st["exp_avg"] / (1 - b1 ** group["step"])
-                v_hat = st["exp_avg_sq"] / (1 - b2 ** group["step"])
-                p.mul_(1 - group["lr"] * group["weight_decay"]).sub_(group["lr"] * m_hat / (v_hat.sqrt() + group["eps"]))
-
-
-def _install_apex(monkeypatch, fused_adam) -> None:
-    apex = types.ModuleType("apex")
-    opts = types.ModuleType("apex.optimizers")
-    opts.FusedAdam = fused_adam
-    apex.optimizers = opts
-    monkeypatch.setitem(sys.modules, "apex", apex)
-    monkeypatch.setitem(sys.modules, "apex.optimizers", opts)
+CUDA = torch.device("cuda")
+CPU = torch.device("cpu")
+STEPS = 6
 
 
 def _model() -> nn.Module:
@@ -69,50 +31,71 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Linear(8, 4), nn.LayerNorm(4))
 
 
-CUDA = torch.device("cuda")  # build_optimizer picks apex for CUDA; the stand-in runs on CPU tensors
+def test_cuda_takes_torch_fused_adamw_even_with_apex_installed(monkeypatch):
+    apex = types.ModuleType("apex")  # an NGC image's apex: no longer chosen (it cannot skip on the device)
+    apex.optimizers = types.SimpleNamespace(FusedAdam=object)
+    monkeypatch.setitem(sys.modules, "apex", apex)
+    monkeypatch.setitem(sys.modules, "apex.optimizers", apex.optimizers)
+    opt = build_optimizer(_model(), TrainingConfig(), CUDA, ParallelTopology.single())
+    assert type(opt) is torch.optim.AdamW and opt.defaults["fused"] and takes_found_inf(opt)
+    cpu = build_optimizer(_model(), TrainingConfig(), CPU, ParallelTopology.single())
+    assert cpu.defaults["foreach"] and not takes_found_inf(cpu)
 
 
-def test_apex_fused_adam_behind_torch_interface(monkeypatch):
-    _install_apex(monkeypatch, FakeFusedAdam)
+def _train(opt: torch.optim.Optimizer, model: nn.Module, skips: list[bool]) -> None:
+    gen = torch.Generator().manual_seed(5)
+    for skip in skips:
+        x = torch.randn(3, 8, generator=gen)
+        model(x).pow(2).sum().backward()
+        optimizer_step(opt, torch.tensor(1.0 if skip else 0.0))
+        opt.zero_grad(set_to_none=True)
+
+
+def test_fused_adamw_matches_the_foreach_reference_and_skips_on_the_device():
+    skips = [False, False, True, False, False, True]
+    fused_model, ref_model = _model(), _model()
+    fused = build_optimizer(fused_model, TrainingConfig(), CUDA, ParallelTopology.single())
+    ref = build_optimizer(ref_model, TrainingConfig(), CPU, ParallelTopology.single())
+    with count_host_syncs() as fused_syncs:
+        _train(fused, fused_model, skips)
+    with count_host_syncs() as ref_syncs:
+        _train(ref, ref_model, skips)
+    assert fused_syncs.count == 0, fused_syncs.where  # found_inf: decided on the device
+    assert ref_syncs.count == len(skips), ref_syncs.where  # one read of the flag per step
+    # The same update, summed in another order: each step moves a weight by at most lr (Adam's
+    # normalized step, |m̂/√v̂| <= 1 here) plus decay, rounded once per operation in fp32, so the two
+    # paths drift apart by a few ulps of |w| per step; 8 ulps per applied step bounds it.
+    applied = skips.count(False)
+    for pf, pr in zip(fused_model.parameters(), ref_model.parameters()):
+        tol = 8 * applied * torch.finfo(torch.float32).eps * max(1.0, float(pr.detach().abs().max()))
+        assert (pf - pr).abs().max() <= tol
+        (mf, vf, nf), (mr, vr, nr) = adam_state(fused, pf), adam_state(ref, pr)
+        assert nf == nr == applied  # skipped steps advanced no step count
+        assert torch.allclose(mf, mr, rtol=1e-5, atol=1e-7) and torch.allclose(vf, vr, rtol=1e-5, atol=1e-9)
+
+
+def test_a_skipped_fused_step_leaves_weights_and_moments_untouched():
     model = _model()
     opt = build_optimizer(model, TrainingConfig(), CUDA, ParallelTopology.single())
-    assert isinstance(opt, FakeFusedAdam)
+    _train(opt, model, [False, False])
+    before = [(p.detach().clone(), *(t.clone() for t in adam_state(opt, p)[:2])) for p in model.parameters()]
+    _train(opt, model, [True])
+    for p, (w, m, v) in zip(model.parameters(), before):
+        m1, v1, n1 = adam_state(opt, p)
+        assert torch.equal(p, w) and torch.equal(m1, m) and torch.equal(v1, v) and n1 == 2
+
+
+def test_snip_reads_the_fused_step_counts_once():
+    model = _model()
+    opt = build_optimizer(model, TrainingConfig(), CUDA, ParallelTopology.single())
+    _train(opt, model, [False, False])
+    params = list(model.parameters())
+    with count_host_syncs() as syncs:
+        steps = adam_steps(opt, params)
+    assert syncs.count == 1 and set(steps.values()) == {2.0}
     w = model[0].weight
-    assert adam_state(opt, w) is None
-    for step in (1, 2):
-        model(torch.randn(3, 8)).pow(2).sum().backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)  # apex's own zero_grad() takes no argument
-        assert w.grad is None
-        _m, v, count = adam_state(opt, w)  # apex keeps no per-parameter "step"
-        assert count == step
-    g = torch.ones_like(w)
+    _m, v, _n = adam_state(opt, w)
     beta2, eps = opt.param_groups[0]["betas"][1], opt.param_groups[0]["eps"]
-    assert torch.equal(adam_denominator(opt, w, g), (v / (1 - beta2**2)).sqrt() + eps)  # SNIP's preconditioner
-    model(torch.randn(3, 8)).sum().backward()
-    opt.zero_grad(set_to_none=False)
-    assert w.grad is not None and not w.grad.any()
-
-
-@pytest.mark.parametrize("failure", [RuntimeError("apex.optimizers.FusedAdam requires cuda extensions"),
-                                     OSError("libcudart.so.12: cannot open shared object file")])
-def test_broken_apex_falls_back_to_torch_adamw_and_says_why(monkeypatch, failure):
-    class BrokenFusedAdam(FakeFusedAdam):
-        def __init__(self, *args, **kwargs):
-            raise failure  # as apex does when its CUDA extension did not build or load
-
-    _install_apex(monkeypatch, BrokenFusedAdam)
-    monkeypatch.setattr(fallbacks, "_RECORDED", {})
-    monkeypatch.setattr(fallbacks, "_UNLOGGED", [])
-    with pytest.warns(RuntimeWarning, match="apex FusedAdam failed to load"):
-        opt = build_optimizer(_model(), TrainingConfig(), CUDA, ParallelTopology.single())
-    assert type(opt) is torch.optim.AdamW and opt.defaults["fused"]
-    (line,) = fallbacks.drain()
-    assert type(failure).__name__ in line and str(failure) in line
-
-
-def test_no_apex_uses_torch_fused_adamw(monkeypatch):
-    monkeypatch.setitem(sys.modules, "apex", None)  # import apex -> ImportError
-    monkeypatch.setattr(fallbacks, "_UNLOGGED", [])
-    opt = build_optimizer(_model(), TrainingConfig(), CUDA, ParallelTopology.single())
-    assert type(opt) is torch.optim.AdamW and opt.defaults["fused"] and fallbacks.drain() == []
+    expected = (v / (1 - beta2**2)).sqrt() + eps  # SNIP's preconditioner, bias-corrected
+    assert torch.equal(adam_denominator(opt, w, torch.ones_like(w), steps[id(w)]), expected)
+    assert torch.equal(adam_denominator(opt, w, torch.ones_like(w)), expected)
