@@ -48,18 +48,19 @@ def bf16_mm(qa: torch.Tensor, qb: torch.Tensor) -> torch.Tensor:
 
 def error_gemm(fmt: str, a: torch.Tensor, a_kind: Operand, b: torch.Tensor, b_kind: Operand, *,
                hadamard: bool, amax_reduce: GemmAmaxReduce, generator: torch.Generator | None,
-               compiled: bool) -> torch.Tensor:
+               compiled: bool, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The ``GemmRunner`` of SNIP's measured errors: ``emulated_gemm``'s quantized operands (the
     same quantize calls in the same order, so the same stochastic-rounding draws); on CUDA, for a
     ``bf16_exact`` format, their product through ``bf16_mm`` (tensor cores instead of an fp32 GEMM
     without them: ~15x fewer cycles on H100) - elsewhere, and for the other formats, the fp32
-    reference product. On CPU the statistics are therefore the reference's, bit for bit."""
+    reference product; rounded to ``out_dtype`` once, as ``emulated_gemm``. On CPU the statistics
+    are therefore the reference's, bit for bit."""
     reduce_a, reduce_b = operand_reducers(amax_reduce)
     qa = quantize(a, fmt, a_kind, generator=generator, hadamard=hadamard, amax_reduce=reduce_a, compiled=compiled)
     qb = quantize(b, fmt, b_kind, generator=generator, hadamard=hadamard, amax_reduce=reduce_b, compiled=compiled)
     if qa.device.type == "cuda" and bf16_exact(fmt):
-        return bf16_mm(qa, qb)
-    return qa @ qb.t()
+        return bf16_mm(qa, qb).to(out_dtype)
+    return (qa @ qb.t()).to(out_dtype)
 
 
 def quantized_gemms(lin: PrecisionLinear, x_tk: torch.Tensor, g_tn: torch.Tensor, precision: GemmPrecision, *,
