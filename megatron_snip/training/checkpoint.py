@@ -16,7 +16,6 @@ refused, never run) and only after their checksum matched (``verify``).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -26,7 +25,7 @@ from typing import Any
 
 import torch
 
-from megatron_snip.atomic_io import atomic_write_text, fsync_dir
+from megatron_snip.atomic_io import atomic_write_text, file_sha256, fsync_dir
 
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
 _SHARD = re.compile(r"^shard_tp(\d{2})_pp(\d{2})\.pt$")
@@ -46,14 +45,6 @@ def step_dir(ckpt_root: Path, step: int) -> Path:
 
 def tmp_dir(ckpt_root: Path, step: int) -> Path:
     return ckpt_root / f".tmp_step_{step:06d}"
-
-
-def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def write_shard(ckpt_root: Path, step: int, state: dict[str, Any], tp_rank: int = 0, pp_rank: int = 0) -> str:

@@ -21,6 +21,7 @@ from megatron_snip.parallel.topology import ParallelTopology
 from megatron_snip.telemetry.logger import RunLogger
 from megatron_snip.training import checkpoint as ckpt
 from megatron_snip.training import reshard
+from megatron_snip.training.checkpoint_reader import open_checkpoint
 from megatron_snip.training.resume_check import compare
 
 
@@ -88,7 +89,8 @@ class RunDirectory:
         there is none (then ``metrics.jsonl`` is emptied: records of an attempt that never
         checkpointed).
 
-        Rank 0 verifies the checksums of every shard (newest first), sets aside the ones that
+        Rank 0 picks it with ``checkpoint_reader.open_checkpoint`` (the reader evaluate,
+        init_from, export and reshard use: every shard's sha256, newest first), sets aside the ones that
         fail (``checkpoints/rejected_step_N``, each reason logged) and picks the step, so every
         rank loads the same checkpoint. The checkpoint's config is compared with this run's
         (``resume_check``): a change the checkpoint cannot take is refused naming the field and
@@ -96,22 +98,25 @@ class RunDirectory:
         (this stage's global layers) must match the checkpoint's."""
         topo = self.topo
         decision: dict[str, Any] = {}
-        if self.is_writer:
-            step, skipped = ckpt.latest_verified(self.ckpt_root)
-            decision = {"step": step, "skipped": skipped}
-            if step is not None:
+        if self.is_writer:  # the one reader every path uses (checkpoint_reader), plus setting the rejects aside
+            try:
+                opened = open_checkpoint(self.ckpt_root, "config training.run_dir", missing_ok=True,
+                                         none_verify_fix="restore one from a copy, or start a new training.run_dir")
+                decision = {"step": None if opened is None else opened.step,
+                            "skipped": [] if opened is None else opened.skipped}
+            except ckpt.CheckpointError as e:
+                decision = {"error": str(e)}
+            if decision.get("step") is not None:
                 for bad in ckpt.list_checkpoints(self.ckpt_root):
-                    if bad > step:
+                    if bad > decision["step"]:
                         ckpt.set_aside(self.ckpt_root, bad)
         decision = comm.broadcast_object(decision, 0, topo.world_group)
+        if "error" in decision:
+            raise ckpt.CheckpointError(decision["error"])
         step, skipped = decision["step"], decision["skipped"]
         for reason in skipped:
             logger.info(f"skipping checkpoint: {reason}")
         if step is None:
-            if skipped:
-                raise ckpt.CheckpointError(f"training.resume={self.cfg.training.resume!r}: no checkpoint in "
-                                           f"{self.ckpt_root} verifies ({len(skipped)} rejected, reasons above); "
-                                           f"restore one or start a new training.run_dir")
             logger.info(f"training.resume={self.cfg.training.resume!r}: no checkpoint in {self.ckpt_root}; "
                         f"starting from scratch")
             logger.truncate_metrics(0)  # records of an attempt that never checkpointed
