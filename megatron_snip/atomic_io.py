@@ -51,20 +51,23 @@ def fsync_dir(path: str | Path) -> None:
         os.close(fd)
 
 
-def ensure_writable_dir(path: str | Path, field: str) -> Path:
+def ensure_writable_dir(path: str | Path, field: str, *, what: str | None = None, fix: str | None = None) -> Path:
     """Create directory ``path`` (config field ``field``) if needed and check it is writable;
-    ValueError naming the field, the path and the fix otherwise."""
+    ValueError naming the field, the path and the fix otherwise. ``what`` replaces the opening
+    ``config FIELD='PATH'`` for a directory the config implies (``<run_dir>/tensorboard``), ``fix``
+    the advice."""
     path = Path(path)
+    what = what or f"config {field}={str(path)!r}"
     if path.exists() and not path.is_dir():
-        raise ValueError(f"config {field}={str(path)!r} is a file, not a directory; choose a directory path")
+        raise ValueError(f"{what} is a file, not a directory; {fix or 'choose a directory path'}")
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / f".write_test.{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise ValueError(f"config {field}={str(path)!r} is not a writable directory ({type(e).__name__}: "
-                         f"{e.strerror or e}); choose a directory you can write to") from None
+        raise ValueError(f"{what} is not a writable directory ({type(e).__name__}: "
+                         f"{e.strerror or e}); {fix or 'choose a directory you can write to'}") from None
     return path
 
 

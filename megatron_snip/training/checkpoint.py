@@ -87,6 +87,22 @@ def commit(ckpt_root: Path, step: int, meta: dict[str, Any], keep: int) -> Path:
     return d_final
 
 
+def remove_interrupted_saves(ckpt_root: Path) -> list[str]:
+    """Delete the temp directories (``.tmp_step_N``) of saves that never committed - a process
+    ended mid-save (the grace deadline, kill -9, a crash) - and return one log line per directory
+    (rank 0, at start-up, before this run saves: a stale shard left there would otherwise be
+    committed with the next save of step N, even one from another TP/PP layout)."""
+    lines = []
+    for d in sorted(ckpt_root.glob(".tmp_step_*")) if ckpt_root.is_dir() else []:
+        if not d.is_dir():
+            continue
+        size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+        shutil.rmtree(d, ignore_errors=True)
+        lines.append(f"removed {d} ({size / 1e6:.1f} MB): the temporary directory of a save of step "
+                     f"{d.name.removeprefix('.tmp_step_').lstrip('0') or '0'} that was interrupted before its commit")
+    return lines
+
+
 def list_checkpoints(ckpt_root: Path) -> list[int]:
     """Steps of the committed checkpoints under ``ckpt_root`` (those with a meta.json), ascending."""
     if not ckpt_root.is_dir():

@@ -19,6 +19,7 @@ from megatron_snip.config import Config
 from megatron_snip.parallel import comm
 from megatron_snip.parallel.topology import ParallelTopology
 from megatron_snip.telemetry.logger import RunLogger
+from megatron_snip.telemetry.tensorboard_sink import check_log_dir
 from megatron_snip.training import checkpoint as ckpt
 from megatron_snip.training import reshard
 from megatron_snip.training.checkpoint_reader import open_checkpoint
@@ -43,15 +44,20 @@ class RunDirectory:
         self.path = Path(cfg.training.run_dir)
         self.ckpt_root = self.path / "checkpoints"
         self.is_writer = topo.rank == 0
+        self.start_notes: list[str] = []  # lines for the log once it exists (rank 0): what check_fresh cleaned up
 
     def check_fresh(self) -> None:
         """Refuse a fresh run (``training.resume=false``) into a directory that holds a run: its
         checkpoints would be pruned and its metrics mixed with ours. Rank 0 decides for everyone
-        (before anything is written, so no rank sees this run's own files)."""
+        (before anything is written, so no rank sees this run's own files), checks the run's
+        writable folders (``training.run_dir``, ``<run_dir>/tensorboard`` when asked for), and
+        removes the temp directories of saves an earlier process left uncommitted (``start_notes``)."""
         verdict = None
         if self.is_writer:
             try:
                 ensure_writable_dir(self.path, "training.run_dir")
+                if self.cfg.logging.tensorboard:  # here, not in the sink: every rank gets the verdict
+                    check_log_dir(self.path)
                 if self.cfg.training.resume is False:
                     held = [p.name for p in (self.path / "metrics.jsonl", self.path / "config.toml")
                             if p.is_file() and p.stat().st_size > 0]
@@ -62,6 +68,8 @@ class RunDirectory:
                         verdict = (f"config training.run_dir={str(self.path)!r} already holds a run "
                                    f"({', '.join(held)}) and training.resume=false; continue it with "
                                    f"training.resume=auto, or choose a new training.run_dir (or delete the directory)")
+                if verdict is None:  # before the broadcast: no rank saves before the stale temp dirs are gone
+                    self.start_notes += ckpt.remove_interrupted_saves(self.ckpt_root)
             except ValueError as e:
                 verdict = str(e)
         verdict = comm.broadcast_object(verdict, 0, self.topo.world_group)
