@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 from pathlib import Path
 
 
@@ -81,7 +82,13 @@ def check_writable_file(path: str | Path, what: str) -> Path:
     parent = next(p for p in path.parents if p.exists()) if not path.parent.exists() else path.parent
     if not parent.is_dir():
         raise ValueError(f"{what} {str(path)!r}: {parent} is a file, not a directory; choose another {what}")
-    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise ValueError(f"{what} {str(path)!r}: {path if path.exists() else parent} is not writable; choose "
-                         f"another {what}")
+    try:  # a real write, not os.access: root passes access() where the filesystem still refuses (/proc, read-only)
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.probe")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise ValueError(f"{what} {str(path)!r}: {parent} is not writable ({type(e).__name__}: {e.strerror or e}); "
+                         f"choose another {what}") from None
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ValueError(f"{what} {str(path)!r}: {path} is not writable; choose another {what}")
     return path

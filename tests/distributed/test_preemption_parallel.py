@@ -63,8 +63,8 @@ def test_a_signal_after_a_steps_flags_stops_every_rank_two_steps_later(tmp_path)
     res = run_ranks(_signal_after_step_worker, 2, args=(over,), timeout_s=600)  # dp=2
     # step 1's flags carry the signal; every rank reads them after step 2 (not at the log step 10)
     assert [r["step"] for r in res] == [3, 3], res
-    assert "received SIGTERM; stopped after step 2: checkpoint" in res[1]["outcome"], res
-    assert "received a stop signal (on another rank); stopped after step 2" in res[0]["outcome"], res
+    assert "received SIGTERM; stopped after step 3: checkpoint" in res[1]["outcome"], res
+    assert "received a stop signal (on another rank); stopped after step 3" in res[0]["outcome"], res
     assert ckpt.list_checkpoints(tmp_path / "run" / "checkpoints") == [3]
 
 
@@ -108,8 +108,8 @@ def test_a_signal_during_a_step_stops_every_rank_after_the_next_and_resumes_exac
                     timeout_s=600)
     # step 3's flags carry the signal; every rank reads them after step 4 and saves there
     assert [r["step"] for r in res] == [5, 5], res
-    assert "received SIGTERM; stopped after step 4" in res[1]["outcome"], res
-    assert "TrainingPreempted: received a stop signal (on another rank); stopped after step 4" in res[0]["outcome"], res
+    assert "received SIGTERM; stopped after step 5" in res[1]["outcome"], res
+    assert "TrainingPreempted: received a stop signal (on another rank); stopped after step 5" in res[0]["outcome"], res
     assert [r["resumed_from"] for r in res] == [5, 5]
     # the resumed run is the uninterrupted one, bit for bit (fp32 on CPU, same order of every sum)
     assert all(r["weights_equal"] for r in res), res
