@@ -129,9 +129,9 @@ def test_opening_a_prefix_says_once_what_is_not_checked(tmp_path):
     tok, prefix = build_tokenizer("byte"), _big_prefix(tmp_path)
     notes: list[str] = []
     open_indexed(prefix, tok, DataConfig(), notes=notes)
-    assert notes == [f"data: {prefix}.bin is checked against {prefix}.idx.fingerprint (its size and first/last 1 MiB): "
-                     f"a change only between those is not detected; data.verify_full_hash=true checks every byte "
-                     f"against {prefix}.bin.sha256"], notes
+    assert notes == [(f"data: {prefix}.bin is checked against {prefix}.idx.fingerprint (its size and first/last 1 MiB): "
+                      f"a change only between those is not detected; data.verify_full_hash=true checks every byte "
+                      f"against {prefix}.bin.sha256")], notes
     os.remove(indexed.fingerprint_path(prefix))
     notes.clear()
     open_indexed(prefix, tok, DataConfig(), notes=notes)

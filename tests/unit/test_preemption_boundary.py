@@ -136,7 +136,7 @@ def test_a_stop_requested_before_an_evaluation_skips_it_and_saves(tmp_path, monk
 def test_an_interrupted_save_says_so_and_its_temp_dir_is_removed_at_the_next_start(tmp_path, capsys):
     over = _over(tmp_path, "training.max_steps=6", "training.save_interval=2", "training.eval_interval=100",
                  "training.preempt_grace_s=1")
-    code, out, err, after = _run_child(SLOW_SAVE_RUN, over, signal_on="saving")
+    code, _, err, after = _run_child(SLOW_SAVE_RUN, over, signal_on="saving")
     assert code == 128 + signal.SIGTERM and after < 30, (code, after, err)
     assert ("The checkpoint of step 4 was being written and is not committed (a save is committed only once complete; "
             "its temporary directory is removed at the next start)") in err, err
