@@ -212,3 +212,12 @@ def test_a_blend_source_with_too_little_text_names_the_field_the_source_and_the_
     msg = _one_line_error(capsys, small_overrides + [f'data.train_path=["0.5", "bundled:sotu", "0.5", "{small}"]'])
     assert msg.startswith(f"config data.train_path source '{small}' ("), msg
     assert ".bin): the selected" in msg and "fewer than seq_len + 1 = 33 (training.seq_len)" in msg, msg
+
+
+def test_resuming_with_the_blend_in_the_other_spelling_is_not_a_change():
+    from megatron_snip.training.resume_check import compare
+
+    listed = {"data": {"train_path": ["0.7", "corpus/a", "0.3", "corpus/b"]}}
+    assert compare(listed, {"data": {"train_path": "0.7 corpus/a 0.3 corpus/b"}}) == ([], [])
+    refusals, _ = compare(listed, {"data": {"train_path": "0.6 corpus/a 0.4 corpus/b"}})
+    assert len(refusals) == 1 and refusals[0].startswith("data.train_path:"), refusals
