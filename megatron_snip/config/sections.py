@@ -279,7 +279,8 @@ class TrainingConfig:
     # After a stop signal (SIGTERM/SIGUSR1/SIGINT) the run saves at a step boundary (multi-rank: up
     # to two steps later, see training/preemption.py); if it does not within this many seconds, or
     # a second signal arrives, it ends at once without saving. 0 = no deadline. Keep it below
-    # torchrun's --shutdown-timeout and above ~2 step times plus one evaluation batch (a stop aborts the evaluation), a re-plan and a checkpoint write.
+    # torchrun's --shutdown-timeout and above ~2 step times plus one evaluation batch (a stop aborts
+    # the evaluation), a re-plan and a checkpoint write.
     preempt_grace_s: float = 180.0
     max_consecutive_skips: int = 5  # non-finite loss/grad steps in a row before the run stops
     # Post-step guard: stop (before saving) when one update multiplies the global parameter norm

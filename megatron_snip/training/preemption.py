@@ -17,10 +17,9 @@ save step in between stops the run there. On CUDA, ``j`` is the step the GPU is 
 one the host is queuing (a fused optimizer lets the host run about a step ahead): the flag is a
 copy from pinned memory that the watcher thread sets as the signal arrives, read when the GPU
 reaches it. In time, from the signal to the checkpoint's start: under two step times plus one
-step's tail, plus one evaluation batch (an evaluation is aborted, see below) or a re-plan at those
-boundaries. ``training.preempt_grace_s``
-must cover that and the checkpoint write (180 s: steps up to about 50 s with a 60 s write),
-and the scheduler's warning must exceed it.
+step's tail, plus one evaluation batch (an evaluation is aborted, see below) or a re-plan at
+those boundaries. ``training.preempt_grace_s`` must cover that and the checkpoint write (180 s:
+steps up to about 50 s with a 60 s write), and the scheduler's warning must exceed it.
 
 At a step boundary the checkpoint comes first: a stop already requested there skips that
 boundary's evaluation, and one that arrives during the evaluation aborts it between two of its
