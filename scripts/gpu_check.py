@@ -176,7 +176,9 @@ def check_gemms(device, smoke: bool) -> None:
     from megatron_snip.precision.backends.scaled_mm import (
         SCALED_FORMATS,
         accumulation_tolerance,
+        fast_accum_for,
         gemm_error,
+        magnitude_ratio,
         scaled_mm_expected,
     )
     from megatron_snip.precision.plan import GemmPrecision
@@ -196,7 +198,9 @@ def check_gemms(device, smoke: bool) -> None:
         for (gemm, operands), got in zip(GEMM_OPERANDS.items(), (y.detach(), xx.grad, ww.grad)):
             a, a_kind, b, b_kind = operands(x, w, dy)  # fp8/fp8_block round to nearest: quantize() is the operand
             errs[gemm] = gemm_error(got, quantize(a, fmt, a_kind), quantize(b, fmt, b_kind))
-            tols[gemm] = accumulation_tolerance(a.shape[1])
+            # fprop of fp8 accumulates fast (no promotion), as TE: its bound is the derived fast one
+            tols[gemm] = accumulation_tolerance(a.shape[1], fast_accum_for(fmt, a_kind, b_kind),
+                                                magnitude_ratio(quantize(a, fmt, a_kind), quantize(b, fmt, b_kind)))
         falls = dict(be.fallbacks)
         expected, why = scaled_mm_expected(fmt, device)
         figure = (f"error vs exact product of the operands fprop {errs['fprop']:.1e} dgrad {errs['dgrad']:.1e} "
@@ -469,7 +473,7 @@ def force_fallback() -> None:
     """Make every scaled-mm call fail, as a torch build that refuses it would (tests the checks)."""
     from megatron_snip.precision.backends import scaled_mm
 
-    def refuse(a, b):
+    def refuse(a, b, **kw):  # kw: out_dtype, fast_accum
         raise RuntimeError("scaled-mm refused on purpose (gpu_check --force-fallback)")
 
     scaled_mm._mm = refuse
