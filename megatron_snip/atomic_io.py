@@ -1,9 +1,21 @@
-"""Atomic file writes: a reader sees the old file or the new one, never half of either."""
+"""Atomic file writes (a reader sees the old file or the new one, never half of either), and the
+one whole-file sha256 every checksum here uses (checkpoint shards, corpus cache keys, .bin sidecars)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import tempfile
 from pathlib import Path
+
+
+def file_sha256(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    """Hex sha256 of the whole file at ``path``, read in ``chunk``-byte blocks (~1 GB/s per core)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -40,20 +52,23 @@ def fsync_dir(path: str | Path) -> None:
         os.close(fd)
 
 
-def ensure_writable_dir(path: str | Path, field: str) -> Path:
+def ensure_writable_dir(path: str | Path, field: str, *, what: str | None = None, fix: str | None = None) -> Path:
     """Create directory ``path`` (config field ``field``) if needed and check it is writable;
-    ValueError naming the field, the path and the fix otherwise."""
+    ValueError naming the field, the path and the fix otherwise. ``what`` replaces the opening
+    ``config FIELD='PATH'`` for a directory the config implies (``<run_dir>/tensorboard``), ``fix``
+    the advice."""
     path = Path(path)
+    what = what or f"config {field}={str(path)!r}"
     if path.exists() and not path.is_dir():
-        raise ValueError(f"config {field}={str(path)!r} is a file, not a directory; choose a directory path")
+        raise ValueError(f"{what} is a file, not a directory; {fix or 'choose a directory path'}")
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / f".write_test.{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise ValueError(f"config {field}={str(path)!r} is not a writable directory ({type(e).__name__}: "
-                         f"{e.strerror or e}); choose a directory you can write to") from None
+        raise ValueError(f"{what} is not a writable directory ({type(e).__name__}: "
+                         f"{e.strerror or e}); {fix or 'choose a directory you can write to'}") from None
     return path
 
 
@@ -67,7 +82,13 @@ def check_writable_file(path: str | Path, what: str) -> Path:
     parent = next(p for p in path.parents if p.exists()) if not path.parent.exists() else path.parent
     if not parent.is_dir():
         raise ValueError(f"{what} {str(path)!r}: {parent} is a file, not a directory; choose another {what}")
-    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise ValueError(f"{what} {str(path)!r}: {path if path.exists() else parent} is not writable; choose "
-                         f"another {what}")
+    try:  # a real write, not os.access: root passes access() where the filesystem still refuses (/proc, read-only)
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.probe")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise ValueError(f"{what} {str(path)!r}: {parent} is not writable ({type(e).__name__}: {e.strerror or e}); "
+                         f"choose another {what}") from None
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ValueError(f"{what} {str(path)!r}: {path} is not writable; choose another {what}")
     return path

@@ -135,11 +135,14 @@ def run(args: argparse.Namespace, topo_factory: Any = None) -> dict[str, Any]:
         trainer = Trainer(cfg, topo)
         try:
             domains = {} if args.no_held_out else dict(trainer.data.valid)
+            notes: list[str] = []
             for name, path in corpora.items():
                 idx = open_indexed(path, trainer.data.tokenizer, cfg.data, check_ids=trainer.is_writer,
-                                   field=f"--valid-corpus {name}")
+                                   field=f"--valid-corpus {name}", notes=notes)
                 domains[name] = GPTDataset(idx, cfg.training.seq_len, trainer.data.tokenizer.eod_id, shuffle=False,
                                            label=f"--valid-corpus {name}={path}")
+            for line in notes if trainer.is_writer else []:
+                print(line, file=sys.stderr)
             if not domains:
                 raise ValueError("nothing to evaluate: give --valid-corpus NAME=PATH or drop --no-held-out")
             results = evaluate_domains(trainer, domains, args.max_sequences)

@@ -315,7 +315,8 @@ class TrainingConfig:
     # After a stop signal (SIGTERM/SIGUSR1/SIGINT) the run saves at a step boundary (multi-rank: up
     # to two steps later, see training/preemption.py); if it does not within this many seconds, or
     # a second signal arrives, it ends at once without saving. 0 = no deadline. Keep it below
-    # torchrun's --shutdown-timeout and above ~2 step times plus an evaluation and a checkpoint write.
+    # torchrun's --shutdown-timeout and above ~2 step times plus one evaluation batch (a stop aborts
+    # the evaluation), a re-plan and a checkpoint write.
     preempt_grace_s: float = 180.0
     max_consecutive_skips: int = 5  # non-finite loss/grad steps in a row before the run stops
     # Post-step guard: stop (before saving) when one update multiplies the global parameter norm
@@ -368,15 +369,34 @@ class TrainingConfig:
             raise field_error("training.run_dir", self.run_dir, "give a directory for checkpoints and metrics")
         if self.init_optimizer and not self.init_from:
             raise field_error("training.init_optimizer", True, "needs training.init_from (a run or checkpoint directory)")
+        if self.init_from_ignore_unused and not self.init_from:
+            raise field_error("training.init_from_ignore_unused", True,
+                              "needs training.init_from (a Hugging Face directory); drop it or set training.init_from")
+
+
+def megatron_blend_string(text: str) -> tuple[str, ...] | None:
+    """Megatron's ``--data-path`` string form ``"0.7 corpus/a 0.3 corpus/b"`` as the list form
+    ``("0.7", "corpus/a", "0.3", "corpus/b")``; None for anything else (one path, which may hold
+    spaces: the form is taken only when its first word is a number and a path follows)."""
+    words = text.split()
+    if len(words) < 2:
+        return None
+    try:
+        float(words[0])
+    except ValueError:
+        return None
+    return tuple(words)
 
 
 @dataclass(frozen=True)
 class DataConfig:
     """Corpus and tokenizer."""
 
-    # One corpus - a JSONL file (plain or .gz), an indexed .bin/.idx prefix, or bundled:<name> - or a
-    # blend: Megatron's ["0.7", "corpus/a", "0.3", "corpus/b"] or a table {"corpus/a" = 0.7, "corpus/b" = 0.3}
-    # (weights normalized; data/blend.py). Each source's held-out split is logged as val_loss_<name>.
+    # One corpus - a JSONL file (plain or .gz), an indexed .bin/.idx prefix (or its .bin/.idx file), or
+    # bundled:<name> - or a blend: Megatron's list ["0.7", "corpus/a", "0.3", "corpus/b"], its string
+    # form "0.7 corpus/a 0.3 corpus/b" (as --data-path takes it) or a table {"corpus/a" = 0.7,
+    # "corpus/b" = 0.3} (weights normalized; data/blend.py). Each source's held-out split is logged as
+    # val_loss_<name>.
     train_path: str | tuple[str, ...] = "bundled:sotu"
     split: str = "95,5"  # train,valid,test weights: documents of train_path held out for "val_loss"
     valid_paths: tuple[str, ...] = ("bundled:moby_dick",)  # extra held-out corpora, logged as val_loss_<name>
@@ -387,6 +407,12 @@ class DataConfig:
     bpe_vocab_size: int = 4096
     json_key: str = "text"
     cache_dir: str = ""  # where tokenized corpora are cached ("" = ~/.cache/megatron_snip)
+    # Check every byte of each .bin against its recorded sha256 (PREFIX.bin.sha256, sha256sum format;
+    # written by scripts/preprocess_data.py and the cache) at start-up, one pass per file (~1 GB/s).
+    # Off: the .bin is checked for its size and, when PREFIX.idx.fingerprint is there, its first and
+    # last MiB - a change in between, or another .bin of the same size beside an index without the
+    # fingerprint, is not seen (the log says which applies; data/indexed.py).
+    verify_full_hash: bool = False
 
     def __post_init__(self) -> None:
         if self.tokenizer not in ("byte", "bpe"):
@@ -405,6 +431,12 @@ class DataConfig:
     def blend(self) -> tuple[tuple[float, str], ...]:
         """``train_path`` as ((weight, path), ...) with weights summing to 1; one corpus is ((1.0, path),)."""
         tp = self.train_path
+        if isinstance(tp, str):
+            tp = megatron_blend_string(tp) or tp
+        if not tp:  # [] or {} (a str is never empty here: it is checked below)
+            raise field_error("data.train_path", list(tp), 'give a corpus (e.g. "bundled:sotu", a JSONL file or an '
+                              'indexed prefix) or a blend of weight, path pairs, e.g. ["0.7", "corpus/a", "0.3", '
+                              '"corpus/b"]')
         if isinstance(tp, str) or len(tp) == 1:
             path = tp if isinstance(tp, str) else tp[0]
             if not path:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from megatron_snip.atomic_io import file_sha256
 from megatron_snip.data.indexed import IndexedDatasetBuilder, exists, optimal_dtype, publish
 from megatron_snip.data.tokenizer import Tokenizer
 
@@ -114,14 +115,6 @@ def write_jsonl(records: Iterable[Mapping], path: str | os.PathLike) -> int:
             os.unlink(tmp)
         raise
     return n
-
-
-def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 # --- tokenization -----------------------------------------------------------------------------

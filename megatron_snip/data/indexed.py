@@ -26,6 +26,13 @@ written for - its size and the sha256 of its first and last ``FINGERPRINT_BLOCK`
 only describes lengths, so a different ``.bin`` of the same size would otherwise be read as if it
 were the right one; opening checks the fingerprint when the file is there (indexes written by
 Megatron or by older versions have none and load as before).
+
+What the fingerprint does not see, by design (it costs two 1 MiB reads, not a pass over the file):
+a ``.bin`` changed only between its first and last MiB; and without the sidecar, any other
+``.bin`` of the right size. ``weak_check_note`` says which applies to a file (the data pipeline
+logs it once per corpus); ``data.verify_full_hash`` closes both with ``check_full_hash``: the
+whole ``.bin``'s sha256 against ``prefix.bin.sha256`` (``sha256sum`` format: ``<hex>  <name>``),
+which the builder writes and ``sha256sum prefix.bin > prefix.bin.sha256`` records for any file.
 """
 
 from __future__ import annotations
@@ -33,12 +40,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import struct
 import tempfile
 from collections.abc import Sequence
 from typing import Self
 
 import numpy as np
+
+from megatron_snip.atomic_io import file_sha256
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
@@ -111,6 +121,46 @@ def check_fingerprint(prefix: str | os.PathLike) -> None:
                          f"restore the matching .bin, or rebuild both with scripts/preprocess_data.py")
 
 
+def sha256_path(prefix: str | os.PathLike) -> str:
+    """The whole-``.bin`` checksum sidecar (``sha256sum`` format) that ``data.verify_full_hash`` checks."""
+    return bin_path(prefix) + ".sha256"
+
+
+def weak_check_note(prefix: str | os.PathLike) -> str:
+    """One line saying what opening ``prefix`` does not check about its ``.bin`` (see the module
+    docstring) and how to check it all."""
+    b, fix = bin_path(prefix), "data.verify_full_hash=true checks every byte against " + sha256_path(prefix)
+    if not os.path.isfile(fingerprint_path(prefix)):
+        return (f"data: {idx_path(prefix)} has no fingerprint sidecar (written by Megatron or an older version): "
+                f"{b} is checked only for its size, so another .bin of the same size would be read as this one; {fix}")
+    return (f"data: {b} is checked against {fingerprint_path(prefix)} (its size and first/last "
+            f"{FINGERPRINT_BLOCK >> 20} MiB): a change only between those is not detected; {fix}")
+
+
+_SHA256_LINE = re.compile(r"^([0-9a-fA-F]{64})(\s|$)")
+
+
+def check_full_hash(prefix: str | os.PathLike, what: str) -> None:
+    """``data.verify_full_hash``: refuse a ``.bin`` whose whole sha256 is not the one recorded in
+    ``sha256_path(prefix)``, or that has no such record (``what`` names the corpus in the message).
+    Reads every byte once."""
+    b, side = bin_path(prefix), sha256_path(prefix)
+    record = f"record it with `sha256sum {b} > {side}` from a .bin you trust, or set data.verify_full_hash=false"
+    if not os.path.isfile(side):
+        raise ValueError(f"config data.verify_full_hash=true: {what}: {side} is missing, so {b} cannot be checked; "
+                         f"{record} (scripts/preprocess_data.py writes it)")
+    with open(side, encoding="utf-8", errors="replace") as f:
+        m = _SHA256_LINE.match(f.readline().strip())
+    if m is None:
+        raise ValueError(f"config data.verify_full_hash=true: {what}: {side} does not start with a 64-digit hex "
+                         f"sha256; {record}")
+    recorded, got = m.group(1).lower(), file_sha256(b)
+    if got != recorded:
+        raise ValueError(f"config data.verify_full_hash=true: {what}: {b} has sha256 {got[:16]}..., not the "
+                         f"{recorded[:16]}... recorded in {side}: the file changed after it was recorded; restore it, "
+                         f"or rebuild it with scripts/preprocess_data.py")
+
+
 def exists(prefix: str | os.PathLike) -> bool:
     """True when both ``prefix.idx`` and ``prefix.bin`` exist."""
     return os.path.isfile(idx_path(prefix)) and os.path.isfile(bin_path(prefix))
@@ -154,6 +204,8 @@ class IndexedDatasetBuilder:
         self._bin_file = os.fdopen(fd, "wb")
         self._idx_tmp: str | None = None
         self._fp_tmp: str | None = None
+        self._sha_tmp: str | None = None
+        self._bin_hash = hashlib.sha256()  # of the bytes as written: the sidecar costs no second pass
         self._sequence_lengths: list[int] = []
         self._document_indices: list[int] = [0]
         self._done = False
@@ -184,7 +236,9 @@ class IndexedDatasetBuilder:
         lengths = [arr.size] if lengths is None else [int(n) for n in lengths]
         if sum(lengths) != arr.size or any(n < 0 for n in lengths):
             raise ValueError(f"lengths={lengths} must be non-negative and sum to len(tokens)={arr.size}")
-        self._bin_file.write(arr.astype(self.dtype, copy=False).tobytes(order="C"))
+        data = arr.astype(self.dtype, copy=False).tobytes(order="C")
+        self._bin_file.write(data)
+        self._bin_hash.update(data)
         self._sequence_lengths.extend(lengths)
         self._document_indices.append(len(self._sequence_lengths))
 
@@ -212,13 +266,17 @@ class IndexedDatasetBuilder:
                 f.write(lengths.astype("<i4").tobytes())
                 f.write(pointers.astype("<i8").tobytes())
                 f.write(doc_idx.astype("<i8").tobytes())
-            # .bin first, then its fingerprint, then .idx: a reader that sees the new .idx also
-            # sees its .bin and fingerprint.
+            # .bin first, then its fingerprint and sha256, then .idx: a reader that sees the new
+            # .idx also sees its .bin and both sidecars.
             publish(self._bin_tmp, bin_path(self.prefix))
             fd, self._fp_tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(self.prefix) + ".fp.tmp")
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(bin_fingerprint(bin_path(self.prefix)), f)
             publish(self._fp_tmp, fingerprint_path(self.prefix))
+            fd, self._sha_tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(self.prefix) + ".sha.tmp")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(f"{self._bin_hash.hexdigest()}  {os.path.basename(bin_path(self.prefix))}\n")
+            publish(self._sha_tmp, sha256_path(self.prefix))
             publish(self._idx_tmp, idx_path(self.prefix))
         except BaseException:
             self.abort()
@@ -231,7 +289,7 @@ class IndexedDatasetBuilder:
         self._done = True
         if not self._bin_file.closed:
             self._bin_file.close()
-        for p in (self._bin_tmp, self._idx_tmp, self._fp_tmp):
+        for p in (self._bin_tmp, self._idx_tmp, self._fp_tmp, self._sha_tmp):
             if p is not None and os.path.exists(p):
                 os.unlink(p)
 

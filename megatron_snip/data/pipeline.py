@@ -3,11 +3,17 @@
 A corpus path is one of
   * ``bundled:<name>`` - a sample shipped in the package (``sotu``, ``moby_dick``),
   * a JSONL file (``{"text": ...}`` per line, plain or .gz) - tokenized once into the cache,
-  * an indexed prefix ``path/name`` with ``name.bin`` / ``name.idx`` (Megatron's format).
+  * an indexed prefix ``path/name`` with ``name.bin`` / ``name.idx`` (Megatron's format); naming
+    ``name.bin`` or ``name.idx`` itself reads that prefix (a note says so), never the file as JSONL.
+
+Opening an indexed corpus the user gave leaves one note for the run's log: what is not checked
+about its ``.bin`` (``indexed.weak_check_note``), or nothing with ``data.verify_full_hash``, which
+checks every byte instead (``indexed.check_full_hash``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -33,6 +39,7 @@ class DataBundle:
     # "valid" (held-out split of train_path; of a blend: the blend of its sources' held-out splits),
     # one per blend source (its held-out split, logged as val_loss_<name>) and one per data.valid_paths
     valid: dict[str, GPTDataset | BlendedDataset]
+    notes: list[str] = dataclasses.field(default_factory=list)  # lines for the run's log (what was read how, what is not checked)
 
 
 def resolve_corpus(path: str, field: str = "data path") -> str:
@@ -43,10 +50,29 @@ def resolve_corpus(path: str, field: str = "data path") -> str:
             return bundled_sample_path(path.split(":", 1)[1])
         except ValueError as e:
             raise ValueError(f"config {field}: {e}") from None
-    if indexed.exists(path) or os.path.isfile(path):
+    if indexed.exists(path):
+        return path
+    if path.endswith((".bin", ".idx")) and indexed.exists(path[:-4]):  # the prefix's own file, named by hand
+        return path[:-4]
+    if os.path.isfile(path):
         return path
     raise ValueError(f"config {field} {path!r} is neither a file nor an indexed prefix (.bin/.idx); "
-                     f"use bundled:sotu, a JSONL file, or run scripts/prepare_corpus.py / scripts/preprocess_data.py")
+                     f"use bundled:sotu, a JSONL file, or run scripts/prepare_corpus.py / scripts/preprocess_data.py"
+                     f"{_blend_hint(path)}")
+
+
+def _blend_hint(path: str) -> str:
+    """For ``--set data.train_path=0.7,a,0.3,b`` (not TOML, so read as one path): how to write a blend."""
+    parts = [p.strip() for p in path.split(",")]
+    try:
+        float(parts[0])
+    except ValueError:
+        return ""
+    if len(parts) < 2:
+        return ""
+    listed = ", ".join(f'\"{p}\"' for p in parts)
+    return (f"; if this is a blend, a blend is a list: --set 'data.train_path=[{listed}]' (TOML) or Megatron's "
+            f"string form --set 'data.train_path={' '.join(parts)}'")
 
 
 def corpus_name(path: str) -> str:
@@ -72,16 +98,26 @@ def load_tokenizer_for(cfg: DataConfig) -> Tokenizer:
 
 
 def open_indexed(path: str, tokenizer: Tokenizer, cfg: DataConfig, *, check_ids: bool = True,
-                 field: str = "data path") -> IndexedDataset:
+                 field: str = "data path", notes: list[str] | None = None) -> IndexedDataset:
     """The token file of corpus ``path`` (tokenized into the cache first if it is JSONL).
 
     The one check that data and tokenizer agree, before any token is embedded (ids of another
     tokenizer would index past the embedding - a device assert on GPU): an indexed prefix whose
     ``PREFIX.json`` (scripts/preprocess_data.py) records another tokenizer identity is refused;
     ``check_ids`` scans the whole ``.bin`` once: every id must be one ``tokenizer`` can produce.
-    JSONL corpora are tokenized here with ``tokenizer`` (its identity is in the cache key)."""
+    JSONL corpora are tokenized here with ``tokenizer`` (its identity is in the cache key).
+    ``cfg.verify_full_hash`` (with ``check_ids``: the rank that checks) hashes the whole ``.bin``
+    against its recorded sha256; ``notes`` gets the lines for the log (see the module docstring)."""
     resolved = resolve_corpus(path, field)
     prefix = resolved if indexed.exists(resolved) else prepare_tokens(resolved, tokenizer, _cache_dir(cfg), cfg.json_key)
+    notes = notes if notes is not None else []
+    if prefix == resolved and resolved != path and not path.startswith("bundled:"):
+        notes.append(f"data: config {field} {path!r} names a file of the indexed prefix {prefix!r}; reading "
+                     f"{indexed.bin_path(prefix)} + {indexed.idx_path(prefix)}")
+    if check_ids and cfg.verify_full_hash:
+        indexed.check_full_hash(prefix, f"config {field} {path!r}")
+    elif prefix == resolved and not path.startswith("bundled:"):  # the user's file (the cache is ours, keyed by sha256)
+        notes.append(indexed.weak_check_note(prefix))
     if prefix == resolved and os.path.isfile(prefix + ".json"):
         _check_recorded_tokenizer(path, prefix + ".json", tokenizer)
     ds = IndexedDataset(prefix)
@@ -121,15 +157,17 @@ def build_data(cfg: Config, *, is_writer: bool = True) -> DataBundle:
     tokenizer = load_tokenizer_for(d)
     # The writer checks the token ids; the others wait for its verdict (trainer._build_data).
     blend = d.blend()
-    sources = [open_indexed(p, tokenizer, d, check_ids=is_writer, field="data.train_path") for _, p in blend]
-    extra = {corpus_name(p): open_indexed(p, tokenizer, d, check_ids=is_writer, field="data.valid_paths")
+    notes: list[str] = []
+    sources = [open_indexed(p, tokenizer, d, check_ids=is_writer, field="data.train_path", notes=notes)
+               for _, p in blend]
+    extra = {corpus_name(p): open_indexed(p, tokenizer, d, check_ids=is_writer, field="data.valid_paths", notes=notes)
              for p in d.valid_paths}
     if len(blend) == 1:
         sets = build_datasets(sources[0], t.seq_len, tokenizer.eod_id, split=d.split, seed=t.seed, extra_valid=extra,
                               label=f"config data.train_path={blend[0][1]!r}")
         valid = {k: v for k, v in sets.items() if k not in ("train", "test")}
         check_eval_batches(cfg, valid)
-        return DataBundle(tokenizer, sets["train"], valid)
+        return DataBundle(tokenizer, sets["train"], valid, notes)
     names = _blend_names(blend, extra)
     trains, valids = [], {}
     for (_, path), name, source in zip(blend, names, sources, strict=True):
@@ -146,7 +184,7 @@ def build_data(cfg: Config, *, is_writer: bool = True) -> DataBundle:
     train = BlendedDataset(trains, weights, names, index=(which, local))
     valid = {"valid": BlendedDataset(list(valids.values()), weights, names), **valids, **extra}
     check_eval_batches(cfg, valid)
-    return DataBundle(tokenizer, train, valid)
+    return DataBundle(tokenizer, train, valid, notes)
 
 
 def _blend_names(blend: tuple[tuple[float, str], ...], extra: dict) -> list[str]:

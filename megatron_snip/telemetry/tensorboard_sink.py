@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from megatron_snip.atomic_io import ensure_writable_dir
 from megatron_snip.config import Config
 from megatron_snip.precision.plan import PrecisionPlan
 from megatron_snip.telemetry.wandb_sink import plan_caption, plan_scalars, scalars
@@ -41,6 +42,16 @@ def png_header(data: bytes, path: str | Path) -> tuple[int, int, int]:
     return width, height, _COLORSPACE[data[25]]
 
 
+def check_log_dir(run_dir: str | Path) -> Path:
+    """``<run_dir>/tensorboard``, created and checked writable: ValueError naming it and the fix
+    (a file there, or no write access), before any event file is opened. ``RunDirectory.check_fresh``
+    calls it at start-up, where rank 0's verdict reaches every rank."""
+    log_dir = Path(run_dir) / "tensorboard"
+    return ensure_writable_dir(log_dir, "logging.tensorboard", what=f"config logging.tensorboard=true: {str(log_dir)!r}",
+                               fix=f"move what is at {log_dir} away (the event files go there), or set "
+                                   f"logging.tensorboard=false")
+
+
 class TensorBoardSink:
     """Event files under ``<run_dir>/tensorboard``, written only by the rank that creates the sink.
 
@@ -57,7 +68,7 @@ class TensorBoardSink:
             raise ValueError("config logging.tensorboard=true needs the tensorboard package: pip install tensorboard "
                              "(or pip install -e \".[tensorboard]\"), or set logging.tensorboard=false") from None
         self._summary = Summary
-        self.log_dir = Path(run_dir) / "tensorboard"
+        self.log_dir = check_log_dir(run_dir)
         self.writer = SummaryWriter(log_dir=str(self.log_dir))
         if config:
             text = "\n".join(f"[{s}]\n" + "\n".join(f"{k} = {v!r}" for k, v in vals.items()) for s, vals in config.items())

@@ -16,7 +16,6 @@ refused, never run) and only after their checksum matched (``verify``).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -26,7 +25,7 @@ from typing import Any
 
 import torch
 
-from megatron_snip.atomic_io import atomic_write_text, fsync_dir
+from megatron_snip.atomic_io import atomic_write_text, file_sha256, fsync_dir
 
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
 _SHARD = re.compile(r"^shard_tp(\d{2})_pp(\d{2})\.pt$")
@@ -46,14 +45,6 @@ def step_dir(ckpt_root: Path, step: int) -> Path:
 
 def tmp_dir(ckpt_root: Path, step: int) -> Path:
     return ckpt_root / f".tmp_step_{step:06d}"
-
-
-def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def write_shard(ckpt_root: Path, step: int, state: dict[str, Any], tp_rank: int = 0, pp_rank: int = 0) -> str:
@@ -94,6 +85,22 @@ def commit(ckpt_root: Path, step: int, meta: dict[str, Any], keep: int) -> Path:
     for old in older[:-keep]:
         shutil.rmtree(step_dir(ckpt_root, old), ignore_errors=True)
     return d_final
+
+
+def remove_interrupted_saves(ckpt_root: Path) -> list[str]:
+    """Delete the temp directories (``.tmp_step_N``) of saves that never committed - a process
+    ended mid-save (the grace deadline, kill -9, a crash) - and return one log line per directory
+    (rank 0, at start-up, before this run saves: a stale shard left there would otherwise be
+    committed with the next save of step N, even one from another TP/PP layout)."""
+    lines = []
+    for d in sorted(ckpt_root.glob(".tmp_step_*")) if ckpt_root.is_dir() else []:
+        if not d.is_dir():
+            continue
+        size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+        shutil.rmtree(d, ignore_errors=True)
+        lines.append(f"removed {d} ({size / 1e6:.1f} MB): the temporary directory of a save of step "
+                     f"{d.name.removeprefix('.tmp_step_').lstrip('0') or '0'} that was interrupted before its commit")
+    return lines
 
 
 def list_checkpoints(ckpt_root: Path) -> list[int]:

@@ -2,7 +2,7 @@
 (``run_dir.RunDirectory.latest``), ``training.init_from``, ``python -m megatron_snip.evaluate``,
 the Hugging Face export (``scripts/convert_hf.py export``) and ``scripts/reshard_checkpoint.py``.
 
-``open_checkpoint(path, field)`` takes what a user names:
+``open_checkpoint(path, field)`` takes what a user names (resume names the run's ``checkpoints/``):
   * one ``checkpoints/step_N`` directory: that checkpoint, verified (every shard's sha256 against
     ``meta.json["shards"]``); a failing shard is refused by name, with the newest checkpoint of
     the run that does verify as the fix;
@@ -66,10 +66,13 @@ def _not_found(path: str | Path, field: str) -> ValueError:
                       f"train a run first")
 
 
-def open_checkpoint(path: str | Path, field: str = "checkpoint") -> Opened:
+def open_checkpoint(path: str | Path, field: str = "checkpoint", *, missing_ok: bool = False,
+                    none_verify_fix: str = "restore one from a copy") -> Opened | None:
     """Resolve ``path`` (see the module docstring) to a checkpoint whose shards all match their
     recorded sha256. Raises ``CheckpointError`` (a ``ValueError``) naming ``field``, the path, the
-    failing shard and the fix; ``ValueError`` when there is no checkpoint at all."""
+    failing shard and the fix (``none_verify_fix`` when no checkpoint of a run verifies);
+    ``ValueError`` when there is no checkpoint at all, or None with ``missing_ok`` (resume: a run
+    that has not checkpointed yet starts from scratch)."""
     p = Path(path)
     named = _as_step_dir(p)
     if named is not None:
@@ -89,10 +92,12 @@ def open_checkpoint(path: str | Path, field: str = "checkpoint") -> Opened:
             continue
         step, skipped = ckpt.latest_verified(root)
         if step is None:
-            raise ckpt.CheckpointError(f"{field}={str(path)!r}: none of the {len(steps)} checkpoints in {root} "
-                                       f"verifies (newest: {skipped[0]}); restore one from a copy")
+            raise ckpt.CheckpointError(f"{field}={str(path)!r}: no checkpoint in {root} verifies ({len(steps)} "
+                                       f"rejected; the newest: {skipped[0]}); {none_verify_fix}")
         note = f"using checkpoint {ckpt.step_dir(root, step)} (step {step}, the newest that verifies)"
         if skipped:
             note += f"; skipped {len(skipped)} newer: " + " | ".join(skipped)
         return Opened(root, step, ckpt.read_meta(root, step), note, skipped)
+    if missing_ok and not p.is_file():
+        return None
     raise _not_found(path, field)

@@ -54,12 +54,15 @@ def init_from(source: str, model: LlamaModel, optimizer: torch.optim.Optimizer, 
         raise ValueError(f"config {FIELD}={source!r} ({ckpt.step_dir(root, step)}): " + "; ".join(mismatches)
                          + f"; set these model fields as in {root.parent / 'config.toml'}")
     meta = ckpt.read_meta(root, step)
-    if (meta.get("tp", 1), meta.get("pp", 1)) == (model.tp.size, cfg.parallel.pp):
-        state = ckpt.read_shard(root, step, tp_rank, pp_rank)
-        model_sd, optim_sd = state["model"], state["optimizer"]
-    else:
-        full = reshard.read_full(root, step, src_cfg, with_optimizer=cfg.training.init_optimizer)
-        model_sd, optim_sd = reshard.shard_for(full, model)
+    try:  # the reads refuse non-finite weights naming the tensor; the message also names the field
+        if (meta.get("tp", 1), meta.get("pp", 1)) == (model.tp.size, cfg.parallel.pp):
+            state = ckpt.read_shard(root, step, tp_rank, pp_rank)
+            model_sd, optim_sd = state["model"], state["optimizer"]
+        else:
+            full = reshard.read_full(root, step, src_cfg, with_optimizer=cfg.training.init_optimizer)
+            model_sd, optim_sd = reshard.shard_for(full, model)
+    except ckpt.CheckpointError as e:
+        raise ckpt.CheckpointError(f"config {FIELD}={source!r}: {e}") from None
     _check_shapes(model, model_sd, source, root, step)
     model.load_state_dict(model_sd)
     what = "weights"

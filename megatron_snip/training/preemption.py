@@ -17,18 +17,25 @@ save step in between stops the run there. On CUDA, ``j`` is the step the GPU is 
 one the host is queuing (a fused optimizer lets the host run about a step ahead): the flag is a
 copy from pinned memory that the watcher thread sets as the signal arrives, read when the GPU
 reaches it. In time, from the signal to the checkpoint's start: under two step times plus one
-step's tail, plus any evaluation or re-plan at those boundaries. ``training.preempt_grace_s``
-must cover that and the checkpoint write (180 s: steps up to about 50 s with a 60 s write),
-and the scheduler's warning must exceed it.
+step's tail, plus one evaluation batch (an evaluation is aborted, see below) or a re-plan at
+those boundaries. ``training.preempt_grace_s`` must cover that and the checkpoint write (180 s:
+steps up to about 50 s with a 60 s write), and the scheduler's warning must exceed it.
 
-A step boundary can be far away (a long step, an evaluation, a re-plan), and schedulers and
-people expect a second signal to end a process at once. So after the first signal a watcher
-thread ends the process (``os._exit(128 + signal)``) on a second one, or when
-``training.preempt_grace_s`` has passed. It never writes a checkpoint itself: between two step
-boundaries the weights, optimizer moments and random streams may be half-way through an update,
-and the other ranks cannot join a save, so nothing can be committed safely there. It says so,
-naming the newest committed checkpoint (where ``resume=auto`` will continue; checkpoints are
-committed atomically, so a save cut short leaves nothing half-written). The watcher reads the
+At a step boundary the checkpoint comes first: a stop already requested there skips that
+boundary's evaluation, and one that arrives during the evaluation aborts it between two of its
+batches (``Trainer.evaluate``; in a distributed run the ranks agree through one flag all-reduce
+per evaluation batch), so a long evaluation never costs the checkpoint that could be written.
+
+A step boundary can be far away (a long step, a re-plan), and schedulers and people expect a
+second signal to end a process at once. So after the first signal a watcher thread ends the
+process (``os._exit(128 + signal)``) on a second one, or when ``training.preempt_grace_s`` has
+passed. It never writes a checkpoint itself: between two step boundaries the weights, optimizer
+moments and random streams may be half-way through an update, and the other ranks cannot join a
+save, so nothing can be committed safely there. Its message says where the main thread was
+(``StopSignal.set_phase``: inside a step, at a boundary doing what, or writing a checkpoint) and
+names the newest committed checkpoint (where ``resume=auto`` will continue; checkpoints are
+committed atomically, so a save cut short leaves only its temp directory, which the next start
+removes). The watcher reads the
 signals from ``signal.set_wakeup_fd``, which CPython's C-level handler writes even while the
 main thread is inside a long C call or a collective, where Python handlers cannot run.
 """
@@ -48,6 +55,9 @@ from typing import Self
 
 import torch
 
+from megatron_snip.parallel import comm
+from megatron_snip.parallel.topology import ParallelTopology
+
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: a checkpoint was written, requeue and resume
 
@@ -61,6 +71,15 @@ def describe_last_checkpoint(ckpt_root: Path) -> str:
         return f"No checkpoint has been committed in {ckpt_root} yet: a resumed run starts from step 0."
     return (f"The newest committed checkpoint is step {step} ({ckpt.step_dir(ckpt_root, step)}): "
             f"training.resume=auto continues from there.")
+
+
+def stop_reached_any_rank(stop: StopSignal, topo: ParallelTopology, device: torch.device) -> bool:
+    """Whether a stop signal has reached any rank of ``topo`` by now: one answer for all ranks (in
+    a distributed run one flag all-reduce over the world group, and a host sync: called between
+    evaluation batches, which sync anyway; every rank must call it at the same points)."""
+    if not topo.is_distributed:
+        return stop.received is not None
+    return bool(comm.all_reduce_max(stop.flag_on(device), topo.world_group))
 
 
 class TrainingPreempted(RuntimeError):
@@ -83,6 +102,16 @@ class StopSignal:
         self._pair: tuple[socket.socket, socket.socket] | None = None  # (reader, writer) of the wakeup fd
         self._watcher: threading.Thread | None = None
         self._flag = torch.zeros(())  # 1.0 once a signal came; set by the watcher thread at once
+        # (kind, step, activity): what the main thread is doing, for a forced stop's message (set_phase)
+        self.phase: tuple[str, int, str] | None = None
+
+    def set_phase(self, kind: str, step: int, activity: str = "") -> None:
+        """Record what the main thread is doing: ``"step"`` (computing step ``step``, counted
+        from 1 as the log counts), ``"boundary"`` (after step ``step``, doing ``activity``: an
+        evaluation, a re-plan) or ``"save"`` (writing checkpoint ``step``). Read by the watcher
+        thread only to word its message (one tuple assignment: atomic under the GIL)."""
+        assert kind in ("step", "boundary", "save"), kind
+        self.phase = (kind, step, activity)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is None:
@@ -163,6 +192,19 @@ class StopSignal:
             where = self.last_checkpoint()
         except Exception as e:  # noqa: BLE001 - the message must go out whatever the filesystem says
             where = f"(the checkpoint directory could not be read: {e})"
-        print(f"stopped at once: {why}. No checkpoint was written for the work since the last one: the weights "
-              f"were between step boundaries, where none can be committed safely. {where}", file=sys.stderr, flush=True)
+        print(f"stopped at once: {why}. {self._what_was_lost()} {where}", file=sys.stderr, flush=True)
         os._exit(128 + int(sig))
+
+    def _what_was_lost(self) -> str:
+        """One sentence for a forced stop, true to where the main thread was (``phase``)."""
+        kind, step, activity = self.phase or ("step", 0, "")
+        if kind == "boundary":
+            return (f"No checkpoint was written for step {step}: the run was at the step boundary after it "
+                    f"({activity}) and the checkpoint was to come next; one stop signal and a training.preempt_grace_s "
+                    f"longer than that lets it be written.")
+        if kind == "save":
+            return (f"The checkpoint of step {step} was being written and is not committed (a save is committed only "
+                    f"once complete; its temporary directory is removed at the next start).")
+        inside = f" (inside step {step})" if step else ""
+        return (f"No checkpoint was written for the work since the last one: the weights were between step "
+                f"boundaries{inside}, where none can be committed safely.")

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from megatron_snip.config.sections import megatron_blend_string
+
 # field -> why it cannot change on resume
 REFUSED: dict[str, str] = {
     **{f"model.{k}": "the checkpoint's weights have the old shape/architecture" for k in (
@@ -63,7 +65,7 @@ def compare(saved: dict[str, dict[str, Any]], current: dict[str, dict[str, Any]]
             if name in IGNORED or key not in old_s:  # a field added since the checkpoint: nothing to compare
                 continue
             old, new = old_s.get(key), new_s.get(key)
-            if _norm(old) == _norm(new):
+            if _norm(name, old) == _norm(name, new):
                 continue
             line = f"{name}: {old!r} -> {new!r}"
             if name in REFUSED:
@@ -73,5 +75,9 @@ def compare(saved: dict[str, dict[str, Any]], current: dict[str, dict[str, Any]]
     return refusals, notes
 
 
-def _norm(v: Any) -> Any:
+def _norm(name: str, v: Any) -> Any:
+    """One spelling per value: a tuple as a list; a blend in Megatron's string form as its list form
+    (``"0.7 a 0.3 b"`` is ``["0.7", "a", "0.3", "b"]``, the same data position)."""
+    if name == "data.train_path" and isinstance(v, str):
+        v = megatron_blend_string(v) or v
     return list(v) if isinstance(v, tuple) else v

@@ -19,8 +19,10 @@ from megatron_snip.config import Config
 from megatron_snip.parallel import comm
 from megatron_snip.parallel.topology import ParallelTopology
 from megatron_snip.telemetry.logger import RunLogger
+from megatron_snip.telemetry.tensorboard_sink import check_log_dir
 from megatron_snip.training import checkpoint as ckpt
 from megatron_snip.training import reshard
+from megatron_snip.training.checkpoint_reader import open_checkpoint
 from megatron_snip.training.resume_check import compare
 
 
@@ -42,15 +44,20 @@ class RunDirectory:
         self.path = Path(cfg.training.run_dir)
         self.ckpt_root = self.path / "checkpoints"
         self.is_writer = topo.rank == 0
+        self.start_notes: list[str] = []  # lines for the log once it exists (rank 0): what check_fresh cleaned up
 
     def check_fresh(self) -> None:
         """Refuse a fresh run (``training.resume=false``) into a directory that holds a run: its
         checkpoints would be pruned and its metrics mixed with ours. Rank 0 decides for everyone
-        (before anything is written, so no rank sees this run's own files)."""
+        (before anything is written, so no rank sees this run's own files), checks the run's
+        writable folders (``training.run_dir``, ``<run_dir>/tensorboard`` when asked for), and
+        removes the temp directories of saves an earlier process left uncommitted (``start_notes``)."""
         verdict = None
         if self.is_writer:
             try:
                 ensure_writable_dir(self.path, "training.run_dir")
+                if self.cfg.logging.tensorboard:  # here, not in the sink: every rank gets the verdict
+                    check_log_dir(self.path)
                 if self.cfg.training.resume is False:
                     held = [p.name for p in (self.path / "metrics.jsonl", self.path / "config.toml")
                             if p.is_file() and p.stat().st_size > 0]
@@ -61,6 +68,8 @@ class RunDirectory:
                         verdict = (f"config training.run_dir={str(self.path)!r} already holds a run "
                                    f"({', '.join(held)}) and training.resume=false; continue it with "
                                    f"training.resume=auto, or choose a new training.run_dir (or delete the directory)")
+                if verdict is None:  # before the broadcast: no rank saves before the stale temp dirs are gone
+                    self.start_notes += ckpt.remove_interrupted_saves(self.ckpt_root)
             except ValueError as e:
                 verdict = str(e)
         verdict = comm.broadcast_object(verdict, 0, self.topo.world_group)
@@ -88,7 +97,8 @@ class RunDirectory:
         there is none (then ``metrics.jsonl`` is emptied: records of an attempt that never
         checkpointed).
 
-        Rank 0 verifies the checksums of every shard (newest first), sets aside the ones that
+        Rank 0 picks it with ``checkpoint_reader.open_checkpoint`` (the reader evaluate,
+        init_from, export and reshard use: every shard's sha256, newest first), sets aside the ones that
         fail (``checkpoints/rejected_step_N``, each reason logged) and picks the step, so every
         rank loads the same checkpoint. The checkpoint's config is compared with this run's
         (``resume_check``): a change the checkpoint cannot take is refused naming the field and
@@ -96,22 +106,25 @@ class RunDirectory:
         (this stage's global layers) must match the checkpoint's."""
         topo = self.topo
         decision: dict[str, Any] = {}
-        if self.is_writer:
-            step, skipped = ckpt.latest_verified(self.ckpt_root)
-            decision = {"step": step, "skipped": skipped}
-            if step is not None:
+        if self.is_writer:  # the one reader every path uses (checkpoint_reader), plus setting the rejects aside
+            try:
+                opened = open_checkpoint(self.ckpt_root, "config training.run_dir", missing_ok=True,
+                                         none_verify_fix="restore one from a copy, or start a new training.run_dir")
+                decision = {"step": None if opened is None else opened.step,
+                            "skipped": [] if opened is None else opened.skipped}
+            except ckpt.CheckpointError as e:
+                decision = {"error": str(e)}
+            if decision.get("step") is not None:
                 for bad in ckpt.list_checkpoints(self.ckpt_root):
-                    if bad > step:
+                    if bad > decision["step"]:
                         ckpt.set_aside(self.ckpt_root, bad)
         decision = comm.broadcast_object(decision, 0, topo.world_group)
+        if "error" in decision:
+            raise ckpt.CheckpointError(decision["error"])
         step, skipped = decision["step"], decision["skipped"]
         for reason in skipped:
             logger.info(f"skipping checkpoint: {reason}")
         if step is None:
-            if skipped:
-                raise ckpt.CheckpointError(f"training.resume={self.cfg.training.resume!r}: no checkpoint in "
-                                           f"{self.ckpt_root} verifies ({len(skipped)} rejected, reasons above); "
-                                           f"restore one or start a new training.run_dir")
             logger.info(f"training.resume={self.cfg.training.resume!r}: no checkpoint in {self.ckpt_root}; "
                         f"starting from scratch")
             logger.truncate_metrics(0)  # records of an attempt that never checkpointed

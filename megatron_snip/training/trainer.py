@@ -58,7 +58,12 @@ from megatron_snip.training.init_from import init_from
 from megatron_snip.training.lr import lr_at
 from megatron_snip.training.optim import build_optimizer
 from megatron_snip.training.plan_recorder import PlanRecorder
-from megatron_snip.training.preemption import StopSignal, TrainingPreempted, describe_last_checkpoint
+from megatron_snip.training.preemption import (
+    StopSignal,
+    TrainingPreempted,
+    describe_last_checkpoint,
+    stop_reached_any_rank,
+)
 from megatron_snip.training.reference_step import reused_loss, take_reference
 from megatron_snip.training.resolve import resolve_autocast_dtype, resolve_device, resolve_initial_plan
 from megatron_snip.training.run_dir import RunDirectory
@@ -159,6 +164,8 @@ class Trainer:
                                           progress_total=t.max_steps if t.progress else None,
                                           sinks=[self.sinks] if self.sinks else [])
         self.recorder = PlanRecorder(self.run_dir, self.is_writer, self.logger, self.sinks)
+        for line in self.run_directory.start_notes + self.data.notes:  # start-up clean-up; how each corpus was read
+            self.logger.info(line)
         resumed = self.load_latest() if t.resume else False
         if t.init_from and not resumed:  # before anything is written: a refused source leaves no run behind
             self.logger.info(init_from(t.init_from, self.model, self.optimizer, cfg,
@@ -384,16 +391,26 @@ class Trainer:
         return global_norm(params, self.device, self.topo.mp_group)
 
     @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self) -> dict[str, float] | None:
         """Mean validation loss over ``eval_batches`` fixed batches per validation set, in the current plan:
-        its first windows, or windows spread over the whole set (``training.eval_windows``)."""
+        its first windows, or windows spread over the whole set (``training.eval_windows``). None when
+        a stop signal came during it (inside ``fit``): the evaluation is aborted so that the
+        checkpoint is written within the grace period (training/preemption.py)."""
         t = self.cfg.training
         out = {}
         self.model.eval()
+        losses: dict[str, list[torch.Tensor]] = {}
+        for name, ds in self.data.valid.items():
+            losses[name] = []
+            for batch in self.batches.ahead(eval_window_batches(ds, t.eval_batches, t.micro_batch_size, t.eval_windows)):
+                # A stop that came during the evaluation aborts it between batches, so the checkpoint is
+                # written within the grace period (one answer for all ranks; in a distributed run a flag
+                # all-reduce and a host sync per batch: the evaluation is not the steady state).
+                if self._stop is not None and stop_reached_any_rank(self._stop, self.topo, self.device):
+                    self.model.train()
+                    return None
+                losses[name].append(self.evaluate_batch(batch))
         # The losses stay on the device until one read for all sets (a float() per batch would sync each).
-        losses = {name: [self.evaluate_batch(batch) for batch in
-                         self.batches.ahead(eval_window_batches(ds, t.eval_batches, t.micro_batch_size, t.eval_windows))]
-                  for name, ds in self.data.valid.items()}
         values = torch.stack([loss.float() for ls in losses.values() for loss in ls]).tolist() if losses else []
         i = 0
         for name, ls in losses.items():
@@ -433,8 +450,10 @@ class Trainer:
             self._stop = stop
             while self.step < t.max_steps:
                 step = self.step
+                stop.set_phase("boundary", step, "a re-plan or callback before the next step")
                 for cb in callbacks:
                     cb.before_step(self, step)
+                stop.set_phase("step", step + 1)
                 t0 = time.perf_counter()
                 res = self.train_step(step)
                 for line in fallbacks.drain():  # a faster quantizer/GEMM path fell back: say so once
@@ -463,27 +482,40 @@ class Trainer:
                         fp4_share=self.plan.fp4_flops_share, elapsed_s=elapsed,
                         eta_s=per_step * (t.max_steps - self.step)))
                     window = _LogWindow()
-                if evaluated:
-                    last_eval = self.evaluate()
-                    metrics.update(last_eval)
-                    self.logger.info(f"step {self.step}: " + " ".join(f"{k}={v:.4f}" for k, v in last_eval.items()))
+                stop.set_phase("boundary", self.step, "logging")
+                # A stop already requested skips this boundary's evaluation, and one arriving during it
+                # aborts it: the checkpoint comes first (a grace period never costs it).
+                stopping, eval_note = self._stop_requested(stop, records, late), ""
+                if evaluated and stopping:
+                    eval_note = "; its evaluation was skipped to save first"
+                elif evaluated:
+                    stop.set_phase("boundary", self.step, "its evaluation")
+                    result = self.evaluate()
+                    if result is None:
+                        stopping, eval_note = True, "; its evaluation was aborted (the signal came during it) to save first"
+                    else:
+                        last_eval = result
+                        metrics.update(last_eval)
+                        self.logger.info(f"step {self.step}: " + " ".join(f"{k}={v:.4f}" for k, v in last_eval.items()))
                 if metrics:
                     self.logger.log_metrics(self.step, metrics)
                 self.logger.progress(self.step, loss=last_loss, tok_s=int(tokens_per_step / (time.perf_counter() - t0)))
                 if saved:
                     self.save()
+                stop.set_phase("boundary", self.step, "a callback after the step")
                 for cb in callbacks:
                     cb.after_step(self, step)
-                if self._stop_requested(stop, records, late):
+                if stopping or self._stop_requested(stop, records, late):
                     if not saved:
                         unread = self._settle(ledger, window, t0)  # the guards speak before the checkpoint
                         if unread and unread[-1].skipped:
                             self.logger.log_metrics(self.step, self._step_metrics(unread[-1]))
                         self.save()
+                    # Steps counted as the log counts them (from 1): checkpoint step_N holds N steps.
                     raise TrainingPreempted(
                         f"received {stop.received.name if stop.received else 'a stop signal (on another rank)'}; "
-                        f"stopped after step {step}: checkpoint {ckpt.step_dir(self.ckpt_root, self.step)} written; "
-                        f"resume with training.resume=auto (the launchers' default)")
+                        f"stopped after step {self.step}: checkpoint {ckpt.step_dir(self.ckpt_root, self.step)} "
+                        f"written{eval_note}; resume with training.resume=auto (the launchers' default)")
             self._stop = None
         return last_eval
 
@@ -565,6 +597,8 @@ class Trainer:
         """Checkpoint after ``self.step`` (``RunDirectory.save``: every rank's shard, then rank 0's
         commit). ``meta.json`` records the resolved config (compared on resume), the vocabulary
         size and how many bytes of ``metrics.jsonl`` belong to the run up to this step."""
+        if self._stop is not None:  # a forced stop from here on says a save was cut short
+            self._stop.set_phase("save", self.step)
         state = self.state_dict()  # on every rank: the distributed optimizer gathers its DP shards here
         meta = None
         if self.is_writer:

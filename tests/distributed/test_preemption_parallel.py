@@ -63,8 +63,8 @@ def test_a_signal_after_a_steps_flags_stops_every_rank_two_steps_later(tmp_path)
     res = run_ranks(_signal_after_step_worker, 2, args=(over,), timeout_s=600)  # dp=2
     # step 1's flags carry the signal; every rank reads them after step 2 (not at the log step 10)
     assert [r["step"] for r in res] == [3, 3], res
-    assert "received SIGTERM; stopped after step 2: checkpoint" in res[1]["outcome"], res
-    assert "received a stop signal (on another rank); stopped after step 2" in res[0]["outcome"], res
+    assert "received SIGTERM; stopped after step 3: checkpoint" in res[1]["outcome"], res
+    assert "received a stop signal (on another rank); stopped after step 3" in res[0]["outcome"], res
     assert ckpt.list_checkpoints(tmp_path / "run" / "checkpoints") == [3]
 
 
@@ -108,8 +108,8 @@ def test_a_signal_during_a_step_stops_every_rank_after_the_next_and_resumes_exac
                     timeout_s=600)
     # step 3's flags carry the signal; every rank reads them after step 4 and saves there
     assert [r["step"] for r in res] == [5, 5], res
-    assert "received SIGTERM; stopped after step 4" in res[1]["outcome"], res
-    assert "TrainingPreempted: received a stop signal (on another rank); stopped after step 4" in res[0]["outcome"], res
+    assert "received SIGTERM; stopped after step 5" in res[1]["outcome"], res
+    assert "TrainingPreempted: received a stop signal (on another rank); stopped after step 5" in res[0]["outcome"], res
     assert [r["resumed_from"] for r in res] == [5, 5]
     # the resumed run is the uninterrupted one, bit for bit (fp32 on CPU, same order of every sum)
     assert all(r["weights_equal"] for r in res), res
@@ -136,4 +136,32 @@ def test_a_ruinous_update_stops_every_rank_before_the_next_checkpoint(tmp_path, 
     for r in res:
         assert r["outcome"].startswith("TrainingStopped: step 5: the optimizer update took the parameter norm"), r
         assert "the last checkpoint (step 4," in r["outcome"], r
+    assert ckpt.list_checkpoints(tmp_path / "run" / "checkpoints") == [4]
+
+
+def _signal_during_eval_worker(rank: int, world: int, overrides: list[str]) -> dict:
+    """Rank 1 receives SIGTERM in the first batch of the evaluation after step 4; rank 0 does not."""
+    tr = Trainer(load_config(TINY, overrides), _init(overrides))
+    real, batches = tr.evaluate_batch, []
+
+    def evaluate_batch(tokens):
+        batches.append(tr.step)
+        if rank == 1 and len(batches) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(tokens)
+
+    tr.evaluate_batch = evaluate_batch
+    return {"outcome": _fit(tr), "step": tr.step, "eval_batches": len(batches)}
+
+
+def test_a_signal_on_one_rank_during_an_evaluation_aborts_it_on_every_rank_and_saves_there(tmp_path):
+    # issue #36 item 3: the ranks agree between evaluation batches (one flag all-reduce each), so the
+    # evaluation stops after its first batch everywhere and the checkpoint of step 4 comes first -
+    # on the code that finished the evaluation, the run stopped a step or two later (steps 5-6)
+    over = BASE + [f"data.cache_dir={tmp_path / 'cache'}", f"training.run_dir={tmp_path / 'run'}",
+                   "training.eval_interval=4", "training.eval_batches=3"]
+    res = run_ranks(_signal_during_eval_worker, 2, args=(over,), timeout_s=600)
+    assert [r["step"] for r in res] == [4, 4] and [r["eval_batches"] for r in res] == [1, 1], res
+    assert "received SIGTERM; stopped after step 4: checkpoint" in res[1]["outcome"], res
+    assert "its evaluation was aborted (the signal came during it) to save first" in res[0]["outcome"], res
     assert ckpt.list_checkpoints(tmp_path / "run" / "checkpoints") == [4]

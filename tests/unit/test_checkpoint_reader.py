@@ -169,3 +169,13 @@ def test_a_hugging_face_directory_without_config_json_is_named_as_such(tmp_path)
     with pytest.raises(ValueError, match=r"looks like a Hugging Face model directory \(it has model.safetensors\) "
                                          r"but has no config.json; copy the model's config.json"):
         open_checkpoint(hf_dir, "config training.init_from")
+
+
+def test_init_from_a_non_finite_source_names_the_field_the_source_and_the_tensor(run, tmp_path):
+    d4 = nan_weights(run, 4, fix_checksum=True)
+    cfg = load_config(TINY, SMALL + [f"training.run_dir={tmp_path / 'new'}", f"data.cache_dir={tmp_path / 'c'}",
+                                     f"training.init_from={d4}", "training.max_steps=2"])
+    with pytest.raises(ckpt.CheckpointError) as e:
+        Trainer(cfg)
+    assert str(e.value).startswith(f"config training.init_from='{d4}': checkpoint {d4}: shard shard_tp00_pp00.pt: "
+                                   f"tensor {BAD_TENSOR} (256, 64) holds 1 non-finite"), e.value

@@ -164,7 +164,7 @@ def test_builder_is_atomic_and_checks_range(tmp_path):
     with pytest.raises(ValueError, match="dtype"):
         IndexedDatasetBuilder(prefix, np.uint32)
     _build(prefix, [np.array([1, 2])])
-    assert sorted(os.listdir(tmp_path)) == ["a.bin", "a.idx", "a.idx.fingerprint"]
+    assert sorted(os.listdir(tmp_path)) == ["a.bin", "a.bin.sha256", "a.idx", "a.idx.fingerprint"]
     assert oct(os.stat(bin_path(prefix)).st_mode & 0o777) == "0o644"
 
 

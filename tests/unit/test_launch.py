@@ -137,8 +137,12 @@ def test_sbatch_starts_one_torchrun_per_node(fake_bin):
     lines = res.stdout.splitlines()
     argv = lines[lines.index("srun"):]
     expected = torchrun_command(SLURM, "launch/configs/llama_70b.toml", ["training.max_steps=5"])
-    assert argv == ["srun", "--nodes=4", "--ntasks-per-node=1", "--cpus-per-task=96", "--kill-on-bad-exit=1",
-                    *expected]
+    # The launcher's interpreter is this one, but its sys.executable is spelled as that process
+    # computed it: `<checkout>/../venv/bin/python -m pytest` here is `<venv>/bin/python` there
+    # (issue #36). The same file is what must match, not the spelling.
+    assert os.path.realpath(argv[5]) == os.path.realpath(expected[0]), (argv[5], expected[0])
+    assert argv[:5] + argv[6:] == ["srun", "--nodes=4", "--ntasks-per-node=1", "--cpus-per-task=96",
+                                   "--kill-on-bad-exit=1", *expected[1:]]
 
 
 def test_sbatch_stops_on_a_bad_allocation(fake_bin):

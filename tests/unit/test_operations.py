@@ -68,7 +68,7 @@ def test_sigterm_checkpoints_and_resume_auto_continues_bit_exactly(small_overrid
     capsys.readouterr()
     assert train_cli.main(_argv(small_overrides + common + ["training.resume=auto"])) == EXIT_PREEMPTED
     out = capsys.readouterr().out
-    assert "preempted: received SIGTERM; stopped after step 3: checkpoint" in out and "step_000004" in out, out
+    assert "preempted: received SIGTERM; stopped after step 4: checkpoint" in out and "step_000004" in out, out
     assert ckpt.latest_checkpoint(tmp_path / "run" / "checkpoints") == 4
     monkeypatch.setattr(Trainer, "train_step", real)
     assert train_cli.main(_argv(small_overrides + common + ["training.resume=auto"])) == 0
