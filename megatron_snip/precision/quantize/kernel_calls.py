@@ -24,7 +24,7 @@ from megatron_snip.precision.quantize.blocks import (
 from megatron_snip.precision.quantize.hadamard import RHT_SIGNS, RHT_SIZE
 from megatron_snip.precision.quantize.noise import _MIX_MUL1, _MIX_MUL2
 
-__all__ = ["qdq", "scaled_operand"]
+__all__ = ["qdq", "scaled_operand", "separate_rotation"]
 
 _SCALING_CODE = {Scaling.NONE: 0, Scaling.TENSOR: 1, Scaling.BLOCK_POW2: 2, Scaling.BLOCK_E8M0: 3,
                  Scaling.BLOCK_E4M3_TENSOR: 4, Scaling.BLOCK_FP32: 5}
@@ -39,6 +39,14 @@ def _tile(spec: Format, operand: Operand, hadamard: bool) -> tuple[int, int, int
     br, bc = spec.block_for(operand)
     nb = max(1, 128 // bc)
     return (br, nb, bc, True) if br > 1 else (16, nb, bc, False)
+
+
+def separate_rotation(spec: Format, operand: Operand, hadamard: bool, amax_given: bool) -> bool:
+    """Whether ``qdq`` rotates in a pass of its own (the same butterflies) before quantizing: when
+    the tensor scale needs the rotated tensor's amax first, or the format's blocks are not the
+    16-blocks rotated in-tile (``kernel_traffic.qdq_traffic`` counts that pass)."""
+    return hadamard and spec.quantizes and (
+        (spec.uses_tensor_amax and not amax_given) or _tile(spec, operand, True)[2] != RHT_SIZE)
 
 
 def qdq(p: torch.Tensor, spec: Format, operand: Operand, hadamard: bool, colwise: bool,
@@ -56,10 +64,7 @@ def qdq(p: torch.Tensor, spec: Format, operand: Operand, hadamard: bool, colwise
     assert p.dtype == torch.float32 and p.is_contiguous() and p.dim() == 2
     rows, cols = (p.shape[1], p.shape[0]) if colwise else (p.shape[0], p.shape[1])
     stride_r, stride_c = (1, p.shape[1]) if colwise else (p.shape[1], 1)
-    if hadamard and spec.quantizes and (
-            (spec.uses_tensor_amax and amax is None) or _tile(spec, operand, True)[2] != RHT_SIZE):
-        # Rotate in a pass of its own (the same butterflies) when the tensor scale needs the
-        # rotated tensor's amax first, or the format's blocks are not the 16-blocks rotated in-tile.
+    if separate_rotation(spec, operand, hadamard, amax is not None):
         p = qdq(p, _IDENTITY, operand, True, colwise, None, None)
         hadamard = False
     elem = spec.element_for(operand) if spec.quantizes else E4M3  # E4M3: placeholder constants for NONE
