@@ -9,7 +9,7 @@ For each of the 1B model's linears (TinyLlama: d=2048, ffn 5632; T = 8 x 2048 to
 ``quant_linear`` forward+backward (fprop, dgrad, wgrad) through the ``torch`` backend under BF16
 autocast, per format, against the same with format ``bf16``; the ratio is the summed time over
 the linears. Formats the backend runs emulated here are marked, and the table's value is printed
-next to each measurement. Timing: ``gpu_check.timed`` (CUDA events, median of ``--reps`` after two
+next to each measurement. Timing: ``gpu_check_runs.timed`` (CUDA events, median of ``--reps`` after two
 warm-up calls). ``scripts/gpu_check.sh`` runs it after the device check.
 """
 
@@ -19,7 +19,7 @@ import argparse
 import sys
 
 import torch
-from gpu_check import timed  # scripts/ is on the path: this file runs as a script from there
+from gpu_check_runs import timed  # scripts/ is on the path: this file runs as a script from there
 
 from megatron_snip.precision import capability
 from megatron_snip.precision.backends import get_backend
