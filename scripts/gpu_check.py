@@ -129,7 +129,7 @@ def check_scaled_mm(device, smoke: bool) -> None:
 
 
 # (T, K, N) of the gemm check (tests/unit/test_gpu_shapes.py runs them through scaled_mm_shape_error).
-GEMM_TKN = {False: (4096, 4096, 4096), True: (128, 256, 256)}
+GEMM_TKN = {False: (4096, 4096, 4096), True: (128, 512, 1024)}  # K, N multiples of 512 (128x128 scales)
 
 # The operands of each GEMM of a linear Y = X·Wᵀ as gemm.quant_linear hands them to its runner (a·bᵀ).
 GEMM_OPERANDS = {
