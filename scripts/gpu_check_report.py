@@ -48,20 +48,24 @@ def guarded(fn: Callable[..., None]) -> Callable[..., None]:
         t0 = time.perf_counter()
         CURRENT[:] = [name]
         try:
-            if budget_s is not None:
-                signal.signal(signal.SIGALRM, _over_budget)
-                signal.setitimer(signal.ITIMER_REAL, budget_s)
-            fn(*args, **kwargs)
+            try:
+                if budget_s is not None:
+                    signal.signal(signal.SIGALRM, _over_budget)
+                    signal.setitimer(signal.ITIMER_REAL, budget_s)
+                fn(*args, **kwargs)
+            finally:  # disarmed before anything else runs (an alarm in this window lands below)
+                if budget_s is not None:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
         except OverBudget:
-            line(name, f"cut at its {budget_s:.0f} s budget (the lines above are what it reached)", "FAIL")
+            line(name, f"cut at its {budget_s:.3g} s budget (the lines above are what it reached)", "FAIL")
         except Exception as e:  # noqa: BLE001 - report and go on to the next check
             line(name, f"raised {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}", "FAIL")
             traceback.print_exc(file=sys.stderr)
-        finally:
-            if budget_s is not None:
-                signal.setitimer(signal.ITIMER_REAL, 0)
+        except KeyboardInterrupt:  # the run is being cut: main() names this check (CURRENT kept)
             SECONDS[name] = time.perf_counter() - t0
-            CURRENT.clear()
+            raise
+        SECONDS[name] = time.perf_counter() - t0
+        CURRENT.clear()
     run.check_name = name
     return run
 
