@@ -18,7 +18,9 @@ smoke=0
 case " $* " in *" --smoke "*) smoke=1 ;; esac
 if [ "$smoke" -eq 1 ]; then
   python3 scripts/gpu_check.py "$@"  # CPU: unbounded (the interpreter is slow), tests the code paths
-  exit $?
+  rc=$?
+  python3 scripts/gpu_time_ratios.py --smoke --reps 1  # its code path too (informational)
+  exit "$rc"
 fi
 timeout --signal=INT --kill-after=5 330 python3 scripts/gpu_check.py "$@"
 rc=$?

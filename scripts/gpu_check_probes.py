@@ -49,10 +49,17 @@ def probe_scale_padding(device: torch.device) -> tuple[str, str]:
     qb = quantize_scaled(operand(n), "fp8_block", Operand.WEIGHT)
     want_a, want_b, tol = dequantize(qa), dequantize(qb), accumulation_tolerance(k)
     scale_a = qa.scale.t().contiguous().t()  # (M, K/128), outer-dim-major: the 1x128 layout torch checks
-    kb = qb.scale.shape[1]
-    padded_store = torch.zeros(qb.scale.shape[0], -(-kb // 4) * 4, device=device)
+    nb, kb = qb.scale.shape
+    kp = -(-kb // 4) * 4
+    # Both layouts live in buffers of the padded size: a cuBLAS that reads padded rows from the
+    # unpadded one reads zeros (a WRONG product), never past an allocation (a sticky CUDA error
+    # would end every later check).
+    unpadded_store = torch.zeros(nb * kp, device=device)
+    unpadded_store[:nb * kb] = qb.scale.reshape(-1)
+    padded_store = torch.zeros(nb, kp, device=device)
     padded_store[:, :kb] = qb.scale
-    layouts = {"unpadded": qb.scale.t(), "padded": padded_store[:, :kb].t()}  # (K/128, N/128), strides (1, 10|12)
+    layouts = {"unpadded": unpadded_store[:nb * kb].view(nb, kb).t(),  # (K/128, N/128), strides (1, 10)
+               "padded": padded_store[:, :kb].t()}  # strides (1, 12)
 
     def verdict(call) -> str:
         try:
