@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,8 +78,9 @@ def test_a_run_stopped_by_sigint_prints_where_it_stopped_and_the_table():
     seen = []
     for ln in proc.stdout:  # env prints at once, then bitwise runs for seconds
         seen.append(ln)
-        if ln.startswith("te "):
+        if ln.startswith("te "):  # env's last line: bitwise starts (and runs for tens of seconds)
             break
+    time.sleep(3)  # past env's last microseconds, well inside bitwise
     proc.send_signal(signal.SIGINT)
     rest, _ = proc.communicate(timeout=120)
     out = "".join(seen) + rest
