@@ -56,7 +56,7 @@ from gpu_check_runs import FORMATS_Q, check_bandwidth, check_steps, check_tiny_s
 # Triton specializations at ~1 s each in bitwise/scaled_op, tiny's 6 steps and one re-plan, 5 steps
 # of 4 llama_1b blocks per plan). Their sum + the start-up must stay within PY_LIMIT_S, the limit
 # gpu_check.sh gives this script, and that + the ratios' limit within 6 minutes
-# (tests/unit/test_gpu_check_budget.py checks both sums against gpu_check.sh).
+# (tests/unit/test_gpu_check_rules.py checks both sums against gpu_check.sh).
 BUDGET_S = {"env": 10, "bitwise": 50, "scaled_op": 25, "scaled_mm": 15, "gemms": 15, "probes": 15,
             "tiny_snip": 55, "compiled": 40, "bandwidth": 25, "steps": 60}
 COMPILE_START_S = BUDGET_S["compiled"] * 3 // 4  # the compiled check starts no new compile after this
