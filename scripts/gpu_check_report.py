@@ -70,6 +70,11 @@ def guarded(fn: Callable[..., None]) -> Callable[..., None]:
     return run
 
 
+# The fallback records (``precision.fallbacks``) of the fast paths a CUDA device must run: the quantize
+# kernels (compiled.cuda_kernels / kernel_failed), torch.compile of the quantizers and of the blocks.
+FAST_PATHS = ("Triton quantize kernels", "torch.compile of the quantizers", "training.compile:")
+
+
 def fast_path_verdicts(recorded: dict[str, str], device, scaled_mm_expected: Callable[[str], bool],
                        backend_fallbacks: dict[str, str] | None = None) -> list[tuple[str, str]]:
     """(line, status) for each fallback ``recorded`` (``precision.fallbacks``, what -> reason) and each
@@ -87,7 +92,7 @@ def fast_path_verdicts(recorded: dict[str, str], device, scaled_mm_expected: Cal
     for what, reason in recorded.items():
         if what.startswith("torch backend "):
             continue  # per backend below: another check's GEMM fallback says nothing of this one
-        fail = cuda and what.startswith(("Triton quantize kernels", "torch.compile of the"))
+        fail = cuda and what.startswith(FAST_PATHS)
         out.append((f"{what}: {reason}"[:300], "FAIL" if fail else "INFO"))
     from megatron_snip.precision.backends.scaled_mm import CPU_REASON
 
