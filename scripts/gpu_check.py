@@ -349,7 +349,8 @@ def budget_table(t0: float, cut: str | None) -> None:
         print(f"{'budget':<12} {name:<10} {budget:>8} {used:>7}  {status}", flush=True)
     if cut:
         line("cut", cut, "FAIL")
-    line("total", f"{time.perf_counter() - t0:.0f} s, {len(FAILED)} failed: {FAILED}", "FAIL" if FAILED else "OK")
+    failed = list(dict.fromkeys(FAILED))  # each failing line name once, in order
+    line("total", f"{time.perf_counter() - t0:.0f} s, {len(failed)} failed: {failed}", "FAIL" if FAILED else "OK")
 
 
 def main() -> int:
