@@ -132,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="continued pretraining: per seed one BF16 base run of this many steps at constant LR, "
                          "then every policy continues from its checkpoint (weights and AdamW moments) for --steps "
                          "steps with the LR decaying from its peak; 0 (default): every run from scratch")
+    ap.add_argument("--continuation-schedule", choices=("config", "wsd"), default=d.continuation_schedule,
+                    help="the continued runs' LR schedule: the config's (default; tiny.toml: cosine) or wsd "
+                         "(peak held, then linear decay over the last training.wsd_decay_fraction of the steps)")
     ap.add_argument("--sweep-rhos", type=_floats, default=d.sweep_rhos)
     ap.add_argument("--sweep-format-sets", type=_format_sets, default=d.sweep_format_sets,
                     help="format sets of the rho sweep (default the harsher 'fp8,mxfp4')")
@@ -208,7 +211,7 @@ def protocol_from_args(args: argparse.Namespace) -> Protocol:
     format_rhos = () if all(r is None for r in set_rhos) else tuple(r or (args.rho,) for r in set_rhos)
     return Protocol(config=args.config, steps=args.steps, warmup=args.warmup, interval=args.interval,
                     seeds=args.seeds, rho=args.rho, format_sets=format_sets, format_rhos=format_rhos,
-                    base_steps=args.base_steps,
+                    base_steps=args.base_steps, continuation_schedule=args.continuation_schedule,
                     sweep_rhos=() if args.no_sweep else args.sweep_rhos,
                     sweep_format_sets=() if args.no_sweep else args.sweep_format_sets, policies=args.policies,
                     train_corpus=args.train_corpus, valid_corpora=valid,

@@ -36,4 +36,5 @@ def input_classes(rows: int, cols: int, seed: int = 7) -> dict[str, torch.Tensor
     n[2, 3], n[rows - 1, cols - 1], n[3, 17] = float("nan"), float("inf"), -float("inf")
     out["nan_inf"] = n
     out["bf16"] = x.to(torch.bfloat16).float()  # quantize() converts bf16 to fp32 before the math
+    out["all_zero"] = torch.zeros(rows, cols)  # a tensor amax of +0 (a masked-out gradient)
     return out

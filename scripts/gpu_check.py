@@ -13,7 +13,8 @@ budget is cut with a FAIL line and the next one runs, so the budgets bound the r
   scaled_mm   per format and operand pair: real scaled-mm or emulated, and whether PyTorch documents
               a scaled-mm for it here (``scaled_mm_expected``): a fallback where it does is a FAIL
   gemm_<fmt>  torch-backend GEMMs (fprop/dgrad/wgrad) vs the exact product of their operands, within
-              the 14-bit accumulation bound; FAIL on a fallback where scaled-mm is expected
+              the 14-bit accumulation bound (fp8 fprop: the fast-accum bound, ``fast_accum_for``);
+              FAIL on a fallback where scaled-mm is expected
   probes      one line each (scripts/gpu_check_probes.py): scale_pad (does cuBLAS need 128x128 scales
               padded: K = 1280), div_rn_ftz (does Triton's div_rn flush subnormals), stop_flag (does a
               4-byte pinned copy read the stop flag at execution)
@@ -23,8 +24,8 @@ budget is cut with a FAIL line and the next one runs, so the budgets bound the r
   compiled    torch.compile'd quantizers on the device (eager-numerics options) vs the CPU reference
   copy_bw     device-to-device copy bandwidth (bytes read + written / s)
   kernel_bw   quantize-kernel throughput as a fraction of copy_bw, per format, counting the bytes each
-              call really moves (``precision/quantize/kernel_traffic.py``: the kernel, the amax
-              pass and its |x| temporary, a separate rotation pass)
+              call really moves (``precision/quantize/kernel_calls.bytes_moved``: the kernel's one
+              read and one write, plus one read of the input for a tensor amax; the RHT is fused)
   step_*      a llama_1b-shaped block stack (synthetic tokens): step times of BF16, torch-backend
               FP8, emulated NVFP4, a mixed per-GEMM FP8/BF16 plan; ratios side by side; fallbacks as
               in tiny_snip are FAILs
@@ -146,7 +147,9 @@ def check_gemms(device, smoke: bool) -> None:
     from megatron_snip.precision.backends.scaled_mm import (
         SCALED_FORMATS,
         accumulation_tolerance,
+        fast_accum_for,
         gemm_error,
+        magnitude_ratio,
         scaled_mm_expected,
     )
     from megatron_snip.precision.plan import GemmPrecision
@@ -166,7 +169,9 @@ def check_gemms(device, smoke: bool) -> None:
         for (gemm, operands), got in zip(GEMM_OPERANDS.items(), (y.detach(), xx.grad, ww.grad)):
             a, a_kind, b, b_kind = operands(x, w, dy)  # fp8/fp8_block round to nearest: quantize() is the operand
             errs[gemm] = gemm_error(got, quantize(a, fmt, a_kind), quantize(b, fmt, b_kind))
-            tols[gemm] = accumulation_tolerance(a.shape[1])
+            # fprop of fp8 accumulates fast (no promotion), as TE: its bound is the derived fast one
+            tols[gemm] = accumulation_tolerance(a.shape[1], fast_accum_for(fmt, a_kind, b_kind),
+                                                magnitude_ratio(quantize(a, fmt, a_kind), quantize(b, fmt, b_kind)))
         falls = dict(be.fallbacks)
         expected, why = scaled_mm_expected(fmt, device)
         figure = (f"error vs exact product of the operands fprop {errs['fprop']:.1e} dgrad {errs['dgrad']:.1e} "
@@ -315,7 +320,7 @@ def force_fallback() -> None:
     """Make every scaled-mm call fail, as a torch build that refuses it would (tests the checks)."""
     from megatron_snip.precision.backends import scaled_mm
 
-    def refuse(a, b):
+    def refuse(a, b, **kw):  # kw: out_dtype, fast_accum
         raise RuntimeError("scaled-mm refused on purpose (gpu_check --force-fallback)")
 
     scaled_mm._mm = refuse

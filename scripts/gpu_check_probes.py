@@ -5,8 +5,10 @@
               scales unpadded (the stride ``_scaled_mm`` checks) and padded to 12 in storage,
               and through ``torch.nn.functional.scaled_mm`` (v2) padded, each against the exact
               product of its operands (``gemm_error`` within ``accumulation_tolerance``).
-              ``scaled_mm_shape_error`` sends such GEMMs to the emulated path today because the
-              answer is unknown; the line says which of the three calls is right.
+              The torch backend sends such GEMMs through the v2 API with padded scales where this
+              torch has it (``padded_scale_api``; its own probe checks that call), else to the
+              emulated path (``scaled_mm_shape_error``); the line says which of the three calls is
+              right, so whether the padding (and the fallback without v2) is needed at all.
   div_rn_ftz  does Triton's ``tl.div_rn`` flush subnormals (results and inputs) under the options
               the quantize kernels launch with (``enable_fp_fusion=False``), and with
               ``enable_reflect_ftz=False``? If it flushes by default, ``launch_qdq`` must pass

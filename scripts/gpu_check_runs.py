@@ -53,13 +53,23 @@ def torch_backend(device):
 KERNEL_BW_GATE = 0.7  # of copy bandwidth, for the bytes the call moves: a memory-bound kernel reaches it
 
 
+def _bytes_per_elem(fmt: str, numel: int, dtype, rht: bool = False, **kw) -> tuple[int, str]:
+    """(bytes the call moves, "12.0 B/elem: kernel 8.0 + amax 4.0"): ``kernel_calls.bytes_moved``,
+    its amax pass told apart as the difference with the amax given (the formula has one home)."""
+    from megatron_snip.precision.quantize.kernel_calls import bytes_moved
+
+    total = bytes_moved(fmt, numel, dtype, rht, **kw)
+    kernel = bytes_moved(fmt, numel, dtype, rht, **kw, amax_given=True)
+    amax = f" + amax {(total - kernel) / numel:.1f}" if total > kernel else ""
+    return total, f"{total / numel:.1f} B/elem: kernel {kernel / numel:.1f}{amax}"
+
+
 @guarded
 def check_bandwidth(device, smoke: bool) -> None:
     import torch
 
     from megatron_snip.precision.formats import Operand, get_format
     from megatron_snip.precision.quantize.kernel_calls import qdq, scaled_operand
-    from megatron_snip.precision.quantize.kernel_traffic import qdq_traffic, scaled_operand_traffic
     from megatron_snip.precision.quantize.noise import draw_seeds
 
     rows, cols = (128, 128) if smoke else (8192, 8192)
@@ -77,19 +87,19 @@ def check_bandwidth(device, smoke: bool) -> None:
             hadamard = spec.wgrad_hadamard and operand is Operand.GRADIENT
             s = timed(lambda spec=spec, operand=operand, hadamard=hadamard, seeds=seeds:
                       qdq(x, spec, operand, hadamard, False, None, seeds), device, reps, warmup)
-            moved = qdq_traffic(spec, operand, hadamard, False, rows, cols)  # what this call reads + writes
-            frac = moved.bytes / s / copy_bw
+            moved, per = _bytes_per_elem(fmt, x.numel(), x.dtype, hadamard, operand=operand)  # what this call moves
+            frac = moved / s / copy_bw
             line("kernel_bw", f"{fmt} {operand.value}{' +RHT' if hadamard else ''}{' +SR' if seeds is not None else ''}: "
-                 f"{frac:.0%} of copy bandwidth for the bytes it moves (fp32 in/out, {moved.describe(x.numel())}; "
+                 f"{frac:.0%} of copy bandwidth for the bytes it moves (fp32 in/out, {per}; "
                  f"{x.numel() / s / 1e9:.1f} Gelem/s)", "INFO" if smoke else ("OK" if frac >= KERNEL_BW_GATE else "FAIL"))
     xb = x.to(torch.bfloat16)
     for fmt in ("fp8", "fp8_block"):
         spec = get_format(fmt)
         s = timed(lambda spec=spec: scaled_operand(xb, spec, Operand.ACTIVATION, None), device, reps, warmup)
-        moved = scaled_operand_traffic(spec, Operand.ACTIVATION, False, rows, cols, torch.bfloat16)
-        frac = moved.bytes / s / copy_bw
+        moved, per = _bytes_per_elem(fmt, xb.numel(), xb.dtype, operand=Operand.ACTIVATION, scaled=True)
+        frac = moved / s / copy_bw
         line("kernel_bw", f"{fmt} scaled-mm operand (bf16 in, float8 out): {frac:.0%} of copy bandwidth for the "
-             f"bytes it moves ({moved.describe(x.numel())})",
+             f"bytes it moves ({per})",
              "INFO" if smoke else ("OK" if frac >= KERNEL_BW_GATE else "FAIL"))
 
 

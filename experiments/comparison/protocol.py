@@ -82,6 +82,11 @@ class Protocol:
     # (group "base", kept checkpoint); every other run starts from its weights and AdamW moments
     # (training.init_from / init_optimizer) and trains ``steps`` more. 0: every run from scratch.
     base_steps: int = 0
+    # The continuation's LR schedule: "config" = the config's own (tiny.toml: cosine decay over every
+    # continued step, the reference of the records on file); "wsd" = warmup-stable-decay: the peak held,
+    # then a linear decay over the last training.wsd_decay_fraction of the steps (as modern pretraining
+    # runs end), so "before decay" means a point of the run (issue #33 item 4).
+    continuation_schedule: str = "config"
     sweep_rhos: tuple[float, ...] = (0.5, 0.75, 0.9)
     sweep_format_sets: tuple[tuple[str, ...], ...] = (("fp8", "mxfp4"),)
     policies: tuple[str, ...] = DEFAULT_POLICIES
@@ -120,6 +125,11 @@ class Protocol:
         if self.rho not in self.rhos_of(self.format_sets[0]):
             raise ValueError(f"--rho={self.rho} must be one of the first format set's rhos "
                              f"{list(self.rhos_of(self.format_sets[0]))}")
+        if self.continuation_schedule not in ("config", "wsd"):
+            raise ValueError(f"--continuation-schedule={self.continuation_schedule!r} must be 'config' or 'wsd'")
+        if self.continuation_schedule != "config" and not self.base_steps:
+            raise ValueError("--continuation-schedule=wsd needs --base-steps > 0 (it is the continued runs' schedule); "
+                             "from scratch, --set training.lr_schedule=\"wsd\" instead")
         if self.base_steps < 0:
             raise ValueError(f"--base-steps={self.base_steps} must be >= 0 (0 = every run from scratch)")
         if self.target not in ("fp4_share", "gemm_time"):
@@ -269,6 +279,8 @@ def run_overrides(spec: RunSpec, p: Protocol, run_dir: Path) -> list[str]:
         base = run_dir.parent / base_run(spec.seed).name
         common += [f"training.init_from={json.dumps(str(base))}", "training.init_optimizer=true",
                    "training.warmup_steps=0"]
+        if p.continuation_schedule == "wsd":
+            common.append('training.lr_schedule="wsd"')
     if spec.formats is not None:
         formats, rho = spec.formats, spec.rho
     else:

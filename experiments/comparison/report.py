@@ -30,6 +30,11 @@ from experiments.comparison.store import best_static_baseline, latest_records
 from megatron_snip.config import Config, load_config
 from megatron_snip.data.pipeline import load_tokenizer_for
 from megatron_snip.model.llama import LlamaModel, count_parameters
+from megatron_snip.model.shapes import linear_numel, model_linear_shapes
+from megatron_snip.precision.capability import GEMM_TIME_RATIO
+from megatron_snip.precision.formats import FP4_FORMATS
+from megatron_snip.precision.plan import PrecisionPlan
+from megatron_snip.snip.context import gemm_time_ratio
 
 GENERATOR = "experiments/compare_policies.py"
 OVERHEADS_COMMAND = "python -m experiments.bench.overheads"
@@ -215,6 +220,16 @@ def model_parameters(cfg: Config) -> int:
         return count_parameters(LlamaModel(cfg.model, vocab))
 
 
+def _continued_lr(p: Protocol, cfg: Config) -> str:
+    """How the continued runs' LR moves, in words."""
+    t = cfg.training
+    if p.continuation_schedule == "wsd":
+        decay = max(1, round(t.wsd_decay_fraction * p.steps))
+        return (f"the lr held at {t.lr:g} for {p.steps - decay} steps, then decaying linearly to {t.min_lr:g} over "
+                f"the last {decay} (WSD, `training.wsd_decay_fraction` = {t.wsd_decay_fraction:g})")
+    return f"the lr decaying ({t.lr_schedule}) from {t.lr:g} to {t.min_lr:g}"
+
+
 def protocol_section(results: Sequence[dict], p: Protocol, all_records: Sequence[dict]) -> list[str]:
     """What every run shared: model, tokens, schedule, seeds, validation, statistics, sweep."""
     cfg = load_config(config_path(p), list(p.overrides))
@@ -237,11 +252,11 @@ def protocol_section(results: Sequence[dict], p: Protocol, all_records: Sequence
             f"{t.warmup_steps} warmup steps, SNIP off: an intermediate checkpoint of a longer schedule, as the SNIP "
             f"paper continues TinyLlama's. Every run below starts from that seed's checkpoint - weights and AdamW "
             f"moments (`training.init_from`, `training.init_optimizer=true`) - and trains {p.steps} more steps with "
-            f"the lr decaying ({t.lr_schedule}) from {t.lr:g} to {t.min_lr:g} without a new warmup.")]
+            f"{_continued_lr(p, cfg)} without a new warmup.")]
            if p.continued else []),
         (f"- Tokens: {p.steps} steps x {t.global_batch_size} sequences x {t.seq_len} tokens = {tokens / 1e6:.2f}M "
          f"training tokens per run{' after the base run' if p.continued else ''} (byte-level tokenizer: "
-         f"`{cfg.data.tokenizer}`), lr {t.lr:g} ({t.lr_schedule})."),
+         f"`{cfg.data.tokenizer}`), lr {t.lr:g} ({'wsd' if p.continuation_schedule == 'wsd' else t.lr_schedule})."),
         (f"- Every run starts in BF16; the policy is applied at step {p.warmup} and re-planned every {p.interval} "
          f"steps (static policies give the same plan each time). "
          + (f"**GEMM-time target** (`snip.target=\"gemm_time\"`, `snip.time_costs` {list(p.time_costs)}: the "
@@ -319,22 +334,49 @@ def sweep_section(results: Sequence[dict], p: Protocol) -> list[str]:
     return out
 
 
+def modeled_time_ratio(plan_path: Path, cfg: Config, costs: Mapping[str, float]) -> float:
+    """Modeled linear-GEMM time of the plan at ``plan_path`` over the same GEMMs in BF16, with
+    relative per-FLOP ``costs`` (format -> time), each GEMM weighted by its linear's K*N."""
+    entries = PrecisionPlan.load(plan_path).as_dict()
+    return gemm_time_ratio(entries, linear_numel(model_linear_shapes(cfg.model)), costs)
+
+
+def blackwell_costs(formats: Sequence[str]) -> dict[str, float]:
+    """Per-FLOP GEMM time of ``formats`` on Blackwell relative to BF16 (GEMM_TIME_RATIO["Blackwell"]);
+    a format Blackwell has no recipe for (``fp4_block``, a recipe variant) is priced as the native
+    format of its width - the comparison's family stands in for a block-scaled FP4 that runs natively."""
+    table = GEMM_TIME_RATIO["Blackwell"]
+    return {f: table.get(f, table["nvfp4"] if f in FP4_FORMATS else table["fp8"]) for f in {"bf16", *formats}}
+
+
 def plan_time_section(results: Sequence[dict], p: Protocol) -> list[str]:
-    """Under a GEMM-time target: each policy's modeled linear-GEMM time over BF16 (the final plan's
-    ``gemm_time_ratio``, read from its run directory) - the budget every policy meets within one unit."""
-    if p.target != "gemm_time":
-        return []
+    """Each policy's modeled linear-GEMM time over BF16, from its final plan (read from its run
+    directory): under a GEMM-time target the plan's own ``gemm_time_ratio`` (the budget every policy
+    meets within one unit); under an FP4-share target at Blackwell's ratios (``blackwell_costs``), so
+    equal FP4 share can be told from equal GEMM time (a plan that protects in BF16 costs more)."""
+    timed = p.target == "gemm_time"
+    cfg = load_config(config_path(p), list(p.overrides))
+    fmts = sorted({f for fs in p.format_sets for f in fs} | {"bf16"}
+                  | {pol.split(":", 1)[1] for pol in p.policies if pol.startswith("uniform:")})
+    costs = blackwell_costs(fmts)
+    source = (f"with the modeled GPU's time costs {list(p.time_costs)} (`extra.gemm_time_ratio` of `plans/step_N.json`)"
+              if timed else
+              "at Blackwell's dense tensor-core ratios (`GEMM_TIME_RATIO[\"Blackwell\"]` of `precision/capability.py`; "
+              "formats without a Blackwell recipe priced as the native format of their width: "
+              + ", ".join(f"{f} {c:g}" for f, c in sorted(costs.items())) + ")")
     out = ["## Modeled GEMM time of the final plans", "",
-           ("Linear-GEMM time of each run's final plan over the same GEMMs in BF16, with the modeled GPU's time "
-            f"costs {list(p.time_costs)} (`extra.gemm_time_ratio` of `plans/step_N.json`)."), "",
-           "| policy | formats | budget | runs | GEMM time / BF16 (min - max over seeds) |", "|---|---|---|---|---|"]
+           f"Linear-GEMM time of each run's final plan over the same GEMMs in BF16, {source}.", "",
+           "| policy | formats | rho | runs | GEMM time / BF16 (min - max over seeds) |", "|---|---|---|---|---|"]
     groups: dict[tuple, list[float]] = {}
     for r in results:
         plan = Path(r.get("run_dir", "")) / r.get("final_plan", "-")
         if plan.is_file():
-            ratio = json.loads(plan.read_text()).get("extra", {}).get("gemm_time_ratio")
+            ratio = (json.loads(plan.read_text()).get("extra", {}).get("gemm_time_ratio") if timed
+                     else modeled_time_ratio(plan, cfg, costs))
             if ratio is not None:
                 groups.setdefault((r["policy"], fmt_key(r.get("formats")), r.get("rho")), []).append(ratio)
+    if not groups:
+        return []
     for (pol, fs, rho), ratios in groups.items():
         out.append(f"| {pol} | {_formats_label(fs)} | {_num(rho, 'g')} | {len(ratios)} | "
                    f"{min(ratios):.4f} - {max(ratios):.4f} |")

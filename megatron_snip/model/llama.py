@@ -254,7 +254,8 @@ class LlamaModel(nn.Module):
     def weight_copies_for_step(self) -> Iterator[None]:
         """Inside: each linear on the reference path and the LM head make their activation-dtype
         weight copy once and share it across micro-batches (precision/weight_copies.py); on exit the
-        copies are dropped. Wrap a step's forward and backward passes, never an optimizer step."""
+        copies are dropped, and so is what each backend kept for the step (``Backend.end_step``: the torch
+        backend's quantized weights). Wrap a step's forward and backward passes, never an optimizer step."""
         copies = [lin.weight_copy for lin in self.precision_linears()]
         if self.post_process:
             copies.append(self.lm_head.weight_copy)
@@ -265,6 +266,8 @@ class LlamaModel(nn.Module):
         finally:
             for c in copies:
                 c.close()
+            for backend in {id(lin.backend): lin.backend for lin in self.precision_linears()}.values():
+                backend.end_step()  # e.g. the torch backend's quantized weights: stale once the optimizer steps
 
     def set_backend(self, backend: Backend) -> None:
         """Run every linear's GEMMs through ``backend`` (emulated or Transformer Engine)."""

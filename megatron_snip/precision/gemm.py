@@ -14,7 +14,8 @@ and stochastic rounding (ACTIVATION X, WEIGHT W, GRADIENT dY).
 Arithmetic (decided in the autograd function, whatever the caller's autocast
 state): a quantized GEMM multiplies the dequantized operands as fp32 and
 accumulates in fp32 (or, in the torch backend, a scaled-mm of the quantized
-elements with fp32 accumulation), then casts to the output dtype. A ``"bf16"``
+elements with fp32 accumulation), then rounds once to the output dtype (the
+GEMM runner's ``out_dtype``: a scaled-mm writes it from its epilogue). A ``"bf16"``
 GEMM is the unquantized reference: it multiplies the raw operands in the
 activation dtype - autocast's when autocast is on for x's device, else x's
 (fp32 x: fp32, exact F.linear; bf16 x or bf16 autocast: a bf16 matmul, as
@@ -22,14 +23,17 @@ F.linear would - the one place bf16 arithmetic is used). Y is returned in the
 activation dtype, dX in x's dtype, dW in the weight's.
 
 Memory: backward saves only x and the weight (the same tensors F.linear saves)
-and re-quantizes them; quantized copies are never kept across calls. x is saved as given:
+and re-quantizes them; the emulated backend keeps no quantized copy across calls (the
+torch backend keeps each weight's float8 operands for the step, 1-2 bytes per weight
+element: ``backends/weight_operands.py``). x is saved as given:
 under bf16 autocast the model feeds bf16 (residual stream and norm outputs run in it), so a
 quantized linear saves 2 bytes per input element, as a BF16 one does. Saving Q(X) instead
 would not help here: wgrad quantizes X along T (nvfp4: after the RHT), not along K as fprop
 does, so fprop's Q(X) cannot serve it, and these quantizers return dequantized fp32 values -
 a kept Q(X) would cost 4 bytes per element. A packed copy (FP4 codes + scales, ~0.56 B per
 element, what TE keeps) is a real backend's job. Re-quantizing
-W for dgrad reads W once. For nvfp4's symmetric 16x16 weight blocks Q(Wᵀ) == Q(W)ᵀ,
+W for dgrad reads W once in the emulated backend (the torch backend transposes fprop's
+float8 codes instead, once per step). For nvfp4's symmetric 16x16 weight blocks Q(Wᵀ) == Q(W)ᵀ,
 so fprop's Q(W) could be saved for dgrad instead; we do not: it would save ~4% of
 the quantizer work of a step (W is small next to X and dY) at the price of an fp32
 weight copy per linear and micro-batch in flight.
@@ -158,27 +162,31 @@ def tune_cpu_malloc(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 << 3
 class GemmRunner(Protocol):
     """Computes one quantized GEMM a·bᵀ of a linear, both operands with their reduction dim last.
 
-    a (M, R) and b (P, R), either possibly a transposed view; returns fp32 (M, P). The autograd
-    function calls it with autocast disabled, so what it returns is what it computed.
-    ``amax_reduce``: one reducer for both operands or an (a's, b's) pair (``operand_reducers``).
+    a (M, R) and b (P, R), either possibly a transposed view; returns (M, P) in ``out_dtype``,
+    accumulated in fp32 and rounded to ``out_dtype`` once (the activation dtype for fprop, x's for
+    dgrad, the weight's for wgrad: a real GEMM writes it from its epilogue, with no fp32 M x P
+    tensor in between). The autograd function calls it with autocast disabled, so what it returns
+    is what it computed. ``amax_reduce``: one reducer for both operands or an (a's, b's) pair
+    (``operand_reducers``).
     """
 
     def __call__(self, fmt: str, a: torch.Tensor, a_kind: Operand, b: torch.Tensor, b_kind: Operand, *,
                  hadamard: bool, amax_reduce: GemmAmaxReduce, generator: torch.Generator | None,
-                 compiled: bool) -> torch.Tensor: ...
+                 compiled: bool, out_dtype: torch.dtype) -> torch.Tensor: ...
 
 
 def emulated_gemm(fmt: str, a: torch.Tensor, a_kind: Operand, b: torch.Tensor, b_kind: Operand, *,
                   hadamard: bool, amax_reduce: GemmAmaxReduce, generator: torch.Generator | None,
-                  compiled: bool) -> torch.Tensor:
-    """The reference ``GemmRunner``: Q(a)·Q(b)ᵀ on the dequantized operands, fp32 multiply and accumulate.
+                  compiled: bool, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The reference ``GemmRunner``: Q(a)·Q(b)ᵀ on the dequantized operands, fp32 multiply and accumulate,
+    then rounded to ``out_dtype``.
 
     Q(a) is quantized before Q(b), so stochastic rounding draws from ``generator`` in that order.
     """
     reduce_a, reduce_b = operand_reducers(amax_reduce)
     qa = quantize(a, fmt, a_kind, generator=generator, hadamard=hadamard, amax_reduce=reduce_a, compiled=compiled)
     qb = quantize(b, fmt, b_kind, generator=generator, hadamard=hadamard, amax_reduce=reduce_b, compiled=compiled)
-    return qa @ qb.t()
+    return (qa @ qb.t()).to(out_dtype)
 
 
 def activation_dtype(x: torch.Tensor) -> torch.dtype:
@@ -211,7 +219,7 @@ class _QuantLinearFn(torch.autograd.Function):
                 y_tn = F.linear(x_tk.to(act), weight.to(act))
             else:
                 y_tn = gemm(precision.fprop, x_tk, Operand.ACTIVATION, weight, Operand.WEIGHT, hadamard=False,
-                            amax_reduce=(x_amax, w_amax), generator=None, compiled=compiled).to(act)
+                            amax_reduce=(x_amax, w_amax), generator=None, compiled=compiled, out_dtype=act)
         ctx.save_for_backward(x, weight)
         ctx.precision, ctx.generator, ctx.compiled = precision, generator, compiled
         ctx.reducers, ctx.x_amax, ctx.w_amax = reducers, x_amax, w_amax
@@ -237,7 +245,7 @@ class _QuantLinearFn(torch.autograd.Function):
                 else:
                     # Wᵀ is a transposed view: quantize reads W contiguously, blocks along N.
                     dx_tk = ctx.gemm(precision.dgrad, dy_tn, Operand.GRADIENT, weight.t(), Operand.WEIGHT,
-                                     hadamard=False, amax_reduce=(dy_amax, ctx.w_amax), **common)
+                                     hadamard=False, amax_reduce=(dy_amax, ctx.w_amax), out_dtype=x.dtype, **common)
                 dx = dx_tk.to(x.dtype).reshape(x.shape)
             if ctx.needs_input_grad[1]:
                 if precision.wgrad == "bf16":
@@ -247,7 +255,7 @@ class _QuantLinearFn(torch.autograd.Function):
                     # The RHT changes the operands' amaxes: rotated ones are reduced afresh.
                     reduce_pair = (reducers.dy, reducers.x) if rht else (dy_amax, ctx.x_amax)
                     dw = ctx.gemm(precision.wgrad, dy_tn.t(), Operand.GRADIENT, x_tk.t(), Operand.ACTIVATION,
-                                  hadamard=rht, amax_reduce=reduce_pair, **common)
+                                  hadamard=rht, amax_reduce=reduce_pair, out_dtype=weight.dtype, **common)
                 dw = dw.to(weight.dtype)
         return dx, dw, None, None, None, None, None
 

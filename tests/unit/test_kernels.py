@@ -110,3 +110,70 @@ def test_scaled_operands_match_reference(fmt, operand):
             if name != "nan_inf":  # the interpreter's float8 cast maps NaN to -max (a GPU keeps NaN)
                 assert torch.equal(elements.float(), want_e), (fmt, operand.value, name)
             assert bits_equal(dequantize(ScaledOperand(elements, scale)), quantize(view, fmt, operand))
+
+
+# --- issue #34 item 3: one read, one write; the rotation fused; bf16 read as it is ---------------------
+@pytest.mark.parametrize("fmt,hadamard", [("fp8", False), ("nvfp4", True), ("mxfp4+rht", True), ("fp8_block", False)])
+def test_bf16_input_is_read_as_bf16(fmt, hadamard):
+    spec = get_format(fmt)
+    x = input_classes(16, 128)["gaussian"].to(torch.bfloat16)
+    for colwise in (False, True):
+        p = x.t().contiguous() if colwise else x
+        want = _qdq(p.float(), spec, Operand.GRADIENT, hadamard, colwise, None, None)
+        assert bits_equal(qdq(p, spec, Operand.GRADIENT, hadamard, colwise, None, None), want), (fmt, colwise)
+
+
+def test_rotated_amax_is_the_rotated_operands_amax():
+    from megatron_snip.precision.quantize.kernel_calls import rotated_amax
+
+    for name, x in input_classes(24, 256).items():
+        for colwise in (False, True):
+            p = x.t().contiguous() if colwise else x
+            want = _qdq(p, get_format("bf16"), Operand.GRADIENT, True, colwise, None, None).abs().amax()
+            assert bits_equal(rotated_amax(p, colwise).reshape(1), want.reshape(1)), (name, colwise)
+
+
+def _launches(monkeypatch):
+    from megatron_snip.precision.quantize import kernel_calls
+
+    seen = []
+    real = kernel_calls.launch_qdq
+
+    def record(*args, **kw):
+        seen.append((kw["scaling"], kw["hadamard"]))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(kernel_calls, "launch_qdq", record)
+    return seen
+
+
+@pytest.mark.parametrize("fmt,launches", [
+    ("nvfp4", [(6, True), (4, True)]),  # the rotated amax (read only), then quantize rotating in-tile
+    ("mxfp4+rht", [(3, True)]),  # 32-blocks: rotated in-tile too (was a separate rotation pass)
+    ("fp4_block+rht", [(5, True)]),
+])
+def test_the_rotation_is_fused_into_the_quantize_kernel(monkeypatch, fmt, launches):
+    seen = _launches(monkeypatch)
+    x = input_classes(16, 128)["gaussian"]
+    qdq(x, get_format(fmt), Operand.GRADIENT, True, False, None, draw_seeds(torch.Generator(), "cpu")
+        if get_format(fmt).stochastic_for(Operand.GRADIENT) else None)
+    assert seen == launches  # no scaling-0 (rotation-only) pass writing the rotated tensor out
+
+
+def test_weight_tiles_get_enough_warps_not_to_spill():
+    from kernels.quantize import num_warps_for
+
+    assert num_warps_for(128, 1, 128) == 16  # fp8_block / fp4_block 128x128 weight tiles: 32 fp32 per thread
+    assert num_warps_for(16, 1, 128) == 4 and num_warps_for(16, 8, 16) == 4  # 2K-element tiles: the default
+
+
+def test_quantize_hands_bf16_to_the_kernel_without_an_fp32_copy(monkeypatch):
+    import megatron_snip.precision.quantize as q
+
+    seen = []
+    monkeypatch.setattr(q, "_kernel_path", lambda p: True)
+    monkeypatch.setattr(q, "_run_qdq", lambda p, *a: seen.append(p) or p.float())
+    x = torch.randn(32, 128).to(torch.bfloat16)
+    for view in (x, x.t().contiguous().t()):
+        q.quantize(view, "mxfp8", Operand.ACTIVATION)
+        assert seen[-1].dtype == torch.bfloat16 and seen[-1].data_ptr() == view.data_ptr()

@@ -178,7 +178,7 @@ def test_trainer_on_cpu_says_at_start_up_that_the_torch_backend_runs_emulated(sm
 def test_a_refused_gemm_falls_back_without_a_second_amax_reduction(monkeypatch):
     from megatron_snip.precision.backends import scaled_mm
 
-    def refuse(a, b):
+    def refuse(a, b, **kw):
         raise RuntimeError("mat2 must be col_major")
 
     monkeypatch.setattr(scaled_mm, "_mm", refuse)

@@ -45,8 +45,9 @@ def _call(fmt, m, k, n, a_kind, b_kind):
     qb = quantize_scaled(torch.randn(n, k, generator=g) * torch.rand(n, 1, generator=g).mul(8).exp2(), fmt, b_kind)
     seen = {}
 
-    def record(mat1, mat2, scale_a, scale_b, out_dtype=None):
-        seen.update(mat1=mat1, mat2=mat2, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
+    def record(mat1, mat2, scale_a, scale_b, out_dtype=None, use_fast_accum=False):
+        seen.update(mat1=mat1, mat2=mat2, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype,
+                    use_fast_accum=use_fast_accum)
         return torch.empty(mat1.shape[0], mat2.shape[1])
 
     real = torch._scaled_mm
@@ -132,8 +133,12 @@ def test_shape_rules_for_cublas():
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     act, wt = Operand.ACTIVATION, Operand.WEIGHT
     assert scaled_mm_shape_error("fp8_block", (256, 512), act, (384, 512), wt, cuda) is None
-    err = scaled_mm_shape_error("fp8_block", (256, 1280), act, (384, 1280), wt, cuda)  # K/128 = 10
+    # K/128 = 10: only the padded-scale API takes it (absent: refused with the reason; present: runs)
+    err = scaled_mm_shape_error("fp8_block", (256, 1280), act, (384, 1280), wt, cuda, padded_scales=False)
     assert err and "multiple of 4" in err and "1280" in err
+    assert scaled_mm_shape_error("fp8_block", (256, 1280), act, (384, 1280), wt, cuda, padded_scales=True) is None
+    assert (scaled_mm_shape_error("fp8_block", (256, 1280), act, (384, 1280), wt, cuda) is None) \
+        == scaled_mm.padded_scale_api()[0]  # detected from this torch's F.scaled_mm signature
     assert scaled_mm_shape_error("fp8_block", (256, 1280), act, (384, 1280), act, cuda) is None  # 1x128 only
     assert scaled_mm_shape_error("fp8", (256, 1280), act, (384, 1280), wt, cuda) is None
     assert "multiples of 16" in scaled_mm_shape_error("fp8", (256, 40), act, (384, 40), wt, cuda)
@@ -172,7 +177,7 @@ def test_accumulation_tolerance_is_sqrt_k_times_2_to_minus_13():
 
 @pytest.mark.parametrize("promote", [128, None])
 def test_probe_passes_a_gemm_with_14_bit_accumulation(monkeypatch, promote):
-    monkeypatch.setattr(scaled_mm, "_mm", lambda a, b: _truncating_mm(dequantize(a), dequantize(b), 14, promote))
+    monkeypatch.setattr(scaled_mm, "_mm", lambda a, b, **kw: _truncating_mm(dequantize(a), dequantize(b), 14, promote))
     for a_kind, b_kind in OPERAND_PAIRS:
         ok, reason = _probe("fp8_block", a_kind, b_kind, torch.device("cpu"))
         assert ok, reason
@@ -192,7 +197,7 @@ def _one_scale_doubled(op: ScaledOperand) -> ScaledOperand:
 
 @pytest.mark.parametrize("corrupt", [_misplaced_scales, _one_scale_doubled])
 def test_probe_rejects_a_gemm_with_wrong_scales(monkeypatch, corrupt):
-    monkeypatch.setattr(scaled_mm, "_mm", lambda a, b: dequantize(a) @ dequantize(corrupt(b)).t())
+    monkeypatch.setattr(scaled_mm, "_mm", lambda a, b, **kw: dequantize(a) @ dequantize(corrupt(b)).t())
     for a_kind, b_kind in OPERAND_PAIRS:
         ok, reason = _probe("fp8_block", a_kind, b_kind, torch.device("cpu"))
         assert not ok and "disagrees" in reason and "accumulation bound" in reason, reason
@@ -205,3 +210,25 @@ def test_gemm_error_is_relative_to_the_absolute_product_per_row_and_column():
     got = a @ b.t()
     got[1, 2] += 1.0
     assert gemm_error(got, a, b) == pytest.approx(1 / (2 * math.sqrt(3)))  # its row: 1 / ||(2, 2, 2)||
+
+
+# --- the fast-accumulation bound (fp8 fprop: use_fast_accum=True, no promotion) --------------------------
+def test_the_fast_accum_bound_holds_without_promotion_where_the_split_bound_fails(monkeypatch):
+    from megatron_snip.precision.backends.scaled_mm import magnitude_ratio
+
+    monkeypatch.setattr(scaled_mm, "_mm", lambda a, b, **kw: _truncating_mm(dequantize(a), dequantize(b), 14, None))
+    ok, reason = _probe("fp8", Operand.ACTIVATION, Operand.WEIGHT, torch.device("cpu"), fast_accum=True)
+    assert ok, reason
+    # at K = 1280 a correct truncating accumulator without promotion exceeds the split bound: the derived
+    # fast bound (one-signed truncation errors add up, ~K^1.5) is what fp8 fprop needs
+    a, b = scaled_mm._probe_operands(1280)
+    qa, qb = quantize_scaled(a, "fp8", Operand.ACTIVATION), quantize_scaled(b, "fp8", Operand.WEIGHT)
+    da, db = dequantize(qa), dequantize(qb)
+    err = gemm_error(_truncating_mm(da, db, 14, None), da, db)
+    assert accumulation_tolerance(1280) < err <= accumulation_tolerance(1280, True, magnitude_ratio(da, db))
+
+
+def test_the_fast_accum_probe_still_rejects_a_wrong_scale(monkeypatch):
+    monkeypatch.setattr(scaled_mm, "_mm", lambda a, b, **kw: dequantize(a) @ dequantize(_one_scale_doubled(b)).t())
+    ok, reason = _probe("fp8", Operand.ACTIVATION, Operand.WEIGHT, torch.device("cpu"), fast_accum=True)
+    assert not ok and "accumulation bound" in reason, reason

@@ -41,6 +41,10 @@ class Backend(abc.ABC):
         cap = check(self.name, fmt, device)
         return cap.ok, cap.reason
 
+    def end_step(self) -> None:
+        """A step's forward/backward scope closed (``LlamaModel.weight_copies_for_step``), before any
+        optimizer step: drop whatever was kept for the step's micro-batches (quantized weights)."""
+
     @abc.abstractmethod
     def linear(
         self,

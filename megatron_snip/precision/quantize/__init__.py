@@ -61,7 +61,7 @@ import torch
 from megatron_snip.precision.formats import Operand, get_format
 from megatron_snip.precision.gemm_shapes import operand_shape_error
 from megatron_snip.precision.quantize.blocks import tensor_amax
-from megatron_snip.precision.quantize.compiled import _run_qdq
+from megatron_snip.precision.quantize.compiled import _run_qdq, cuda_kernels, kernel_failed
 from megatron_snip.precision.quantize.noise import draw_seeds
 
 __all__ = ["quantize"]
@@ -124,18 +124,38 @@ def quantize(
         raise ValueError(error)
     if amax is not None and amax_reduce is not None:
         raise ValueError("quantize: pass either amax (already reduced) or amax_reduce (to reduce the local amax), not both")
-    x32 = x.to(torch.float32)  # keeps a transposed layout
-    colwise = not x32.is_contiguous() and x32.t().is_contiguous()
-    p = x32.t() if colwise else x32.contiguous()
+    # The physical operand: x itself or, for a transposed view, its contiguous base. The Triton
+    # kernels read bf16/fp16 directly (widened in registers), so on that path x is not copied to
+    # fp32 first; every other variant computes on an fp32 copy (the same values: widening is exact).
+    if not _kernel_path(x) or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        x = x.to(torch.float32)  # keeps a transposed layout
+    colwise = not x.is_contiguous() and x.t().is_contiguous()
+    p = x.t() if colwise else x.contiguous()
 
     seeds = draw_seeds(generator, p.device) if spec.stochastic_for(operand) else None
     if amax is not None:
         amax = amax.detach().to(device=p.device, dtype=torch.float32).reshape(())
     if spec.uses_tensor_amax and amax_reduce is not None:
-        # The collective sits between the local amax and the scales, so rotate first.
-        if hadamard:
-            p = _run_qdq(p, _IDENTITY, operand, True, colwise, None, None, compiled)
-            hadamard = False
-        amax = amax_reduce(tensor_amax(p)).to(torch.float32).reshape(())
+        # The collective sits between the local amax and the scales, so the rotated operand's
+        # amax comes first: the kernels take it in a read-only pass (the rotation stays in
+        # registers, and the quantize kernel rotates again); elsewhere rotate in a pass of its own.
+        local = None
+        if hadamard and _kernel_path(p):
+            try:
+                local = cuda_kernels().rotated_amax(p, colwise)
+            except Exception as e:  # noqa: BLE001 - a kernel that fails to build or launch: fall back, once
+                kernel_failed(e)
+        if local is None:
+            if hadamard:
+                p = _run_qdq(p, _IDENTITY, operand, True, colwise, None, None, compiled)
+                hadamard = False
+            local = tensor_amax(p)
+        amax = amax_reduce(local).to(torch.float32).reshape(())
     y = _run_qdq(p, spec, operand, hadamard, colwise, amax, seeds, compiled)
     return y.t() if colwise else y
+
+
+def _kernel_path(p: torch.Tensor) -> bool:
+    """Will ``_run_qdq`` hand ``p`` to the Triton kernels (a CUDA tensor, kernels importable)? Its one
+    place in ``quantize`` (tests replace it to see what the kernel path is handed on CPU)."""
+    return p.device.type == "cuda" and cuda_kernels() is not None

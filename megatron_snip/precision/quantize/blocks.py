@@ -36,8 +36,17 @@ _MAX_MANTISSA_BITS = {e.name: _f32_bits(e.max) & 0x7FFFFF for e in (E4M3, E5M2, 
 
 
 def tensor_amax(x: torch.Tensor) -> torch.Tensor:
-    """max |x| as a 0-d fp32 tensor (NaN if x has a NaN) - the local amax to reduce over TP."""
-    return x.detach().abs().amax().to(torch.float32)
+    """max |x| as a 0-d fp32 tensor (NaN if x has a NaN) - the local amax to reduce over TP.
+
+    One pass over x, no |x| temporary: ``torch.aminmax`` reads x once and max |x| = max(-min, max)
+    exactly (negation is exact; NaN propagates through aminmax and maximum). ``x.abs().amax()``
+    would write a full |x| and read it again: 3 passes' worth of memory traffic for 1. x may be
+    bf16 (its max is a bf16 value, so the fp32 result is the fp32 tensor's amax bit for bit).
+    tests/unit/test_fp8_fast_path.py counts the passes."""
+    lo, hi = torch.aminmax(x.detach())
+    # abs: for an all-zero x, maximum(-0.0, 0.0) may be -0.0, and 448 * 6 / -0.0 = -Inf would poison
+    # NVFP4's tensor scale (0-d: a scalar op, not a pass)
+    return torch.maximum(-lo, hi).abs().to(torch.float32)
 
 
 def _tensor_scales(a: torch.Tensor, elem: Element) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,7 +104,7 @@ def scaled_elements(
     elem = spec.element_for(operand)
     assert elem is not None and not spec.stochastic_for(operand) and p.is_contiguous()
     if spec.scaling is Scaling.TENSOR:
-        scale, scale_inv = _tensor_scales(p.abs().amax() if amax is None else amax, elem)
+        scale, scale_inv = _tensor_scales(tensor_amax(p) if amax is None else amax, elem)
         return round_to_element(p * scale, elem), scale_inv
     assert spec.scaling is Scaling.BLOCK_POW2, spec.scaling
     br, bc = spec.block_for(operand)
@@ -133,7 +142,7 @@ def _qdq(
     noise = None if seeds is None else _noise_physical(rows, cols, colwise, seeds)
 
     if spec.scaling is Scaling.TENSOR:
-        scale, scale_inv = _tensor_scales(p.abs().amax() if amax is None else amax, elem)
+        scale, scale_inv = _tensor_scales(tensor_amax(p) if amax is None else amax, elem)
         return round_to_element(p * scale, elem, noise).mul_(scale_inv)
 
     # Blocked formats: view p as (P0/b0, b0, P1/b1, b1) so that 1-D (one block dim
@@ -165,7 +174,7 @@ def _qdq(
         # NVFP4 as in TE's NVFP4BlockScaling reference: an FP32 tensor scale maps
         # the tensor amax to 448*6; each block's decode scale is stored in E4M3.
         # The local tensor amax is the max of the block amaxes (exact; NaN propagates):
-        # one pass over the operand fewer than p.abs().amax().
+        # one pass over the operand fewer than tensor_amax(p).
         a = block_amax.amax() if amax is None else amax
         s_enc, s_dec = _nvfp4_tensor_scales(a)
         s_block = round_e4m3((block_amax * (s_enc * _RCP_E2M1_MAX)).clamp(max=_F32_MAX))

@@ -184,12 +184,16 @@ def _run_qdq(
     seeds: torch.Tensor | None,
     compiled: bool,
 ) -> torch.Tensor:
-    """``blocks._qdq`` through the fastest variant that runs here (see the module docstring)."""
+    """``blocks._qdq`` through the fastest variant that runs here (see the module docstring).
+
+    ``p`` may be bf16 or fp16 (``quantize`` passes it uncopied where the kernels run): the kernels
+    read it as it is, every other variant gets an fp32 copy (widening is exact: the same bits)."""
     if p.device.type == "cuda" and cuda_kernels() is not None:
         try:
             return cuda_kernels().qdq(p, spec, operand, hadamard, colwise, amax, seeds)
         except Exception as e:  # noqa: BLE001 - a kernel that fails to build or launch: fall back, once
             kernel_failed(e)
+    p = p.to(torch.float32)
     if compiled and not _COMPILE_ERROR:
         y = _run_compiled(p, spec, operand, hadamard, colwise, amax, seeds)
         if y is not None:

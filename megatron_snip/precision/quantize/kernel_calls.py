@@ -3,33 +3,35 @@
 
 ``qdq`` is ``blocks._qdq`` and ``scaled_operand`` is ``scaled.scaled_elements`` + the float8
 cast, each as one fused kernel launch, bit for bit (tests/unit/test_kernels.py under
-``TRITON_INTERPRET=1``, scripts/gpu_check.sh on CUDA). The tensor scales are the reference's own
-(``_tensor_scales``, ``_nvfp4_tensor_scales``), computed here and handed to the kernel in
-``scalars``. Importing this module imports Triton: ``compiled.cuda_kernels`` does so lazily.
+``TRITON_INTERPRET=1``, scripts/gpu_check.sh on CUDA). For a tensor scale the amax is taken
+here (``tensor_amax``, one pass; ``rotated_amax`` under the RHT) and handed to the kernel, which
+derives the scales as the reference's ``_tensor_scales`` / ``_nvfp4_tensor_scales`` do. Importing
+this module imports Triton: ``compiled.cuda_kernels`` does so lazily.
 """
 
 from __future__ import annotations
 
 import torch
 
-from kernels.quantize import launch_qdq
+from kernels.quantize import launch_grid, launch_qdq
 from megatron_snip.precision.formats import E4M3, Format, Operand, Scaling, get_format
 from megatron_snip.precision.quantize.bits import _F32_MAX
 from megatron_snip.precision.quantize.blocks import (
     _MAX_MANTISSA_BITS,
+    _NVFP4_TENSOR_MAX,
     _RCP_E2M1_MAX,
-    _nvfp4_tensor_scales,
-    _tensor_scales,
+    tensor_amax,
 )
 from megatron_snip.precision.quantize.hadamard import RHT_SIGNS, RHT_SIZE
 from megatron_snip.precision.quantize.noise import _MIX_MUL1, _MIX_MUL2
 
-__all__ = ["qdq", "scaled_operand", "separate_rotation"]
+__all__ = ["bytes_moved", "qdq", "rotated_amax", "scaled_operand"]
 
 _SCALING_CODE = {Scaling.NONE: 0, Scaling.TENSOR: 1, Scaling.BLOCK_POW2: 2, Scaling.BLOCK_E8M0: 3,
                  Scaling.BLOCK_E4M3_TENSOR: 4, Scaling.BLOCK_FP32: 5}
 _RHT_NEG_MASK = sum(1 << i for i, s in enumerate(RHT_SIGNS) if s < 0)  # bit i set: sign i is -1
 _IDENTITY = get_format("bf16")
+_AMAX_ONLY = 6  # _qdq_kernel's SCALING code for the amax-only pass
 
 
 def _tile(spec: Format, operand: Operand, hadamard: bool) -> tuple[int, int, int, bool]:
@@ -41,12 +43,7 @@ def _tile(spec: Format, operand: Operand, hadamard: bool) -> tuple[int, int, int
     return (br, nb, bc, True) if br > 1 else (16, nb, bc, False)
 
 
-def separate_rotation(spec: Format, operand: Operand, hadamard: bool, amax_given: bool) -> bool:
-    """Whether ``qdq`` rotates in a pass of its own (the same butterflies) before quantizing: when
-    the tensor scale needs the rotated tensor's amax first, or the format's blocks are not the
-    16-blocks rotated in-tile (``kernel_traffic.qdq_traffic`` counts that pass)."""
-    return hadamard and spec.quantizes and (
-        (spec.uses_tensor_amax and not amax_given) or _tile(spec, operand, True)[2] != RHT_SIZE)
+_KERNEL_INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # loaded and widened in registers
 
 
 def qdq(p: torch.Tensor, spec: Format, operand: Operand, hadamard: bool, colwise: bool,
@@ -54,33 +51,50 @@ def qdq(p: torch.Tensor, spec: Format, operand: Operand, hadamard: bool, colwise
     """``quantize.blocks._qdq`` as one fused Triton kernel (same arguments, same bits).
 
     Args:
-        p: contiguous fp32 physical tensor: the logical operand (``colwise=False``) or its
-            transpose (``colwise=True``); a CUDA tensor (or CPU under TRITON_INTERPRET=1).
+        p: contiguous physical tensor, fp32, bf16 or fp16 (the kernel widens it in registers, exactly:
+            no fp32 copy is made): the logical operand (``colwise=False``) or its transpose
+            (``colwise=True``); a CUDA tensor (or CPU under TRITON_INTERPRET=1).
         amax: tensor amax (of the rotated operand), or None for the local one.
         seeds: int32 (2,) stochastic-rounding seeds on p's device, or None for RNE.
     Returns:
-        the dequantized (and, with ``hadamard``, rotated) operand in p's layout.
+        the fp32 dequantized (and, with ``hadamard``, rotated) operand in p's layout.
+
+    Passes over memory (``bytes_moved``): one read of p and one fp32 write; a format with a tensor
+    scale and no given ``amax`` first reads p once more for it (``tensor_amax``, or with
+    ``hadamard`` the kernel's amax-only mode over the rotated tiles: the rotation is never written).
     """
-    assert p.dtype == torch.float32 and p.is_contiguous() and p.dim() == 2
+    assert p.dtype in _KERNEL_INPUT_DTYPES and p.is_contiguous() and p.dim() == 2, (p.dtype, p.shape)
     rows, cols = (p.shape[1], p.shape[0]) if colwise else (p.shape[0], p.shape[1])
     stride_r, stride_c = (1, p.shape[1]) if colwise else (p.shape[1], 1)
-    if separate_rotation(spec, operand, hadamard, amax is not None):
-        p = qdq(p, _IDENTITY, operand, True, colwise, None, None)
-        hadamard = False
     elem = spec.element_for(operand) if spec.quantizes else E4M3  # E4M3: placeholder constants for NONE
-    scalars = torch.zeros(4, dtype=torch.float32, device=p.device)
-    if spec.scaling is Scaling.TENSOR:
-        scale, scale_inv = _tensor_scales(p.abs().amax() if amax is None else amax, elem)
-        scalars[0], scalars[1] = scale, scale_inv
-    elif spec.scaling is Scaling.BLOCK_E4M3_TENSOR:
-        a = p.abs().amax() if amax is None else amax  # = the max of the block amaxes
-        s_enc, s_dec = _nvfp4_tensor_scales(a)
-        scalars[0], scalars[1], scalars[2] = s_enc * _RCP_E2M1_MAX, s_dec, a
     tr, nb, bs, block_2d = _tile(spec, operand, hadamard)
-    y = torch.empty_like(p)
+    # the kernel derives the tensor scales from the amax itself (no host-side scalar launches)
+    if spec.quantizes and spec.uses_tensor_amax:
+        if amax is None:  # nvfp4: = the max of the block amaxes
+            amax = rotated_amax(p, colwise) if hadamard else tensor_amax(p)
+        scalars = amax.to(torch.float32).reshape(1)
+    else:
+        scalars = torch.empty(1, dtype=torch.float32, device=p.device)  # unused
+    y = torch.empty(p.shape, dtype=torch.float32, device=p.device)
     _launch(p, y, scalars, seeds, scalars, rows, cols, stride_r, stride_c, spec, elem, tr, nb, bs, block_2d,
             hadamard, out_elements=False)
     return y
+
+
+def rotated_amax(p: torch.Tensor, colwise: bool) -> torch.Tensor:
+    """The 0-d fp32 amax of the RHT-rotated operand (``_qdq(p, bf16, hadamard=True)``'s amax) in one read
+    of p: the kernel rotates each tile in registers and writes one amax per program (a few KiB),
+    reduced here. NaN propagates (the kernel's int32 maxima order NaN above Inf)."""
+    rows, cols = (p.shape[1], p.shape[0]) if colwise else (p.shape[0], p.shape[1])
+    stride_r, stride_c = (1, p.shape[1]) if colwise else (p.shape[1], 1)
+    tr, nb, bs, _ = _tile(_IDENTITY, Operand.ACTIVATION, True)
+    partial = torch.empty(launch_grid(rows, cols, tr, nb, bs), dtype=torch.float32, device=p.device)
+    scalars = torch.empty(1, dtype=torch.float32, device=p.device)  # unused
+    launch_qdq(p, partial, scalars, None, partial, rows, cols, stride_r, stride_c, tr=tr, nb=nb, bs=bs,
+               block_2d=False, scaling=_AMAX_ONLY, emin=E4M3.emin, emax=E4M3.emax, mbits=E4M3.mbits,
+               maxv=E4M3.max, round_up=False, max_mant=0, hadamard=True, rht_neg=_RHT_NEG_MASK, f32max=_F32_MAX,
+               mix_mul1=_MIX_MUL1, mix_mul2=_MIX_MUL2, out_elements=False)
+    return partial.amax()
 
 
 def _launch(x, y, scalars, seeds, scales_out, rows, cols, stride_r, stride_c, spec, elem, tr, nb, bs, block_2d,
@@ -92,7 +106,7 @@ def _launch(x, y, scalars, seeds, scales_out, rows, cols, stride_r, stride_c, sp
         emin=elem.emin, emax=elem.emax, mbits=elem.mbits, maxv=elem.max,
         round_up=bool(spec.e8m0_round_up), max_mant=_MAX_MANTISSA_BITS[elem.name],
         hadamard=hadamard, rht_neg=_RHT_NEG_MASK, f32max=_F32_MAX, mix_mul1=_MIX_MUL1, mix_mul2=_MIX_MUL2,
-        out_elements=out_elements,
+        out_elements=out_elements, tensor_max=_NVFP4_TENSOR_MAX, rcp_max=_RCP_E2M1_MAX,
     )
 
 _FLOAT8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
@@ -114,12 +128,11 @@ def scaled_operand(x: torch.Tensor, spec: Format, operand: Operand,
     assert spec.scaling in (Scaling.TENSOR, Scaling.BLOCK_POW2) and x.dim() == 2
     elem = spec.element_for(operand)
     rows, cols = x.shape
-    scalars = torch.zeros(4, dtype=torch.float32, device=x.device)
-    if spec.scaling is Scaling.TENSOR:
-        scale, scale_inv = _tensor_scales(x.abs().amax().float() if amax is None else amax, elem)
-        scalars[0], scalars[1] = scale, scale_inv
-        scales_out = scale_inv
+    if spec.scaling is Scaling.TENSOR:  # the kernel derives the scales from the amax, writes the decode scale
+        scalars = (tensor_amax(x) if amax is None else amax).to(torch.float32).reshape(1)
+        scales_out = torch.empty((), dtype=torch.float32, device=x.device)
     else:
+        scalars = torch.empty(1, dtype=torch.float32, device=x.device)  # unused
         br, bc = spec.block_for(operand)
         scales_out = torch.empty(rows // br, cols // bc, dtype=torch.float32, device=x.device)
     tr, nb, bs, block_2d = _tile(spec, operand, False)
@@ -127,3 +140,45 @@ def scaled_operand(x: torch.Tensor, spec: Format, operand: Operand,
     _launch(x, elements, scalars, None, scales_out, rows, cols, x.stride(0), x.stride(1), spec, elem, tr, nb, bs,
             block_2d, False, out_elements=True)
     return elements, scales_out
+
+
+_AMAX_TILE_ELEMENTS = 16 * 128  # rotated_amax's tile (_tile of the identity with the RHT): one fp32 partial each
+
+
+def bytes_moved(fmt: str | Format, numel: int, dtype: torch.dtype, rht: bool = False, *,
+                operand: Operand = Operand.ACTIVATION, scaled: bool = False, amax_given: bool = False) -> int:
+    """Bytes of device memory one call of ``qdq`` (``scaled=False``) or ``scaled_operand`` (``scaled=True``)
+    reads and writes for an operand of ``numel`` elements stored as ``dtype`` (``rht``: ``qdq``'s
+    ``hadamard``; ``amax_given``: the tensor amax is passed in, e.g. already reduced over TP).
+
+    Derivation, per element, with b = ``dtype``'s size (4 fp32, 2 bf16):
+      * the quantize kernel reads the input once (b) - the RHT, when on, rotates the tile in
+        registers for every block width (no rotated copy in memory, no pass of its own) - and
+        writes once: ``qdq`` the dequantized fp32 operand (4), ``scaled_operand`` the float8 codes
+        (1) plus, for block scales, one fp32 decode scale per block (4 / block elements: 4/128 for
+        1x128 tiles, 4/16384 for 128x128 blocks);
+      * a format with a tensor scale (``fp8``, ``nvfp4``) and no given amax reads the input once
+        more first for it: ``tensor_amax`` (``torch.aminmax``, one pass, no |x| temporary) or, with
+        the RHT, the kernel's amax-only mode (``rotated_amax``: the rotated tile's amax; one fp32
+        partial per 16 x 128 tile written and read back: 8 / 2048 per element).
+    So ``qdq``: b + 4 per element (block scales), 2b + 4 (tensor scale; + 8/2048 with the RHT);
+    ``scaled_operand`` of bf16: 3 + 4/128 (``fp8_block`` 1x128), 5 (``fp8``). Not counted: tensors of
+    one element (the 0-d amax and the scalar ops that derive it, the kernel's amax argument, the
+    ``fp8`` 0-d decode scale) and the two stochastic-rounding seeds, under 100 bytes per call.
+    Shapes are assumed to fill the tiles (rows % 16 == cols % 128 == 0, 128x128 blocks whole), as
+    every 1B-layer shape does. tests/unit/test_kernel_traffic.py counts the bytes each call really
+    moves under the Triton interpreter and checks them against this.
+    """
+    spec = get_format(fmt) if isinstance(fmt, str) else fmt
+    b = torch.empty((), dtype=dtype).element_size()
+    total = numel * b  # the quantize kernel's read
+    if scaled:
+        total += numel  # the float8 codes
+        if spec.scaling is not Scaling.TENSOR:  # (a tensor scale's 0-d decode scale is not counted)
+            br, bc = spec.block_for(operand)
+            total += 4 * numel // (br * bc)
+    else:
+        total += 4 * numel
+    if spec.quantizes and spec.uses_tensor_amax and not amax_given:
+        total += numel * b + (8 * -(-numel // _AMAX_TILE_ELEMENTS) if rht else 0)
+    return total
