@@ -33,7 +33,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 # (T, K, N), all different (a transposed scale cannot pass for the right one). Every GEMM must run
 # as scaled-mm on H100/H200 (``scaled_mm_shape_error``): reduction and output dims multiples of 16,
 # and K/128 a multiple of 4 wherever a 128x128 weight block is read along K - fprop's K = 1024 and
-# dgrad's N = 512 (the old N = 768 gave dgrad 6 blocks: emulated, and the fallback assert failed).
+# dgrad's N = 512 (the old N = 768 gave dgrad 6 blocks: emulated on a torch without the padded-scale
+# API, and the fallback assert failed). So every GEMM runs natively on any supported torch;
 # tests/unit/test_gpu_shapes.py runs these through the rules on CPU.
 TKN = (384, 1024, 512)
 

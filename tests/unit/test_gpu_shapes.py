@@ -41,14 +41,18 @@ def _module(rel: str):
     return module
 
 
-def scaled_mm_problems(fmt: str, t: int, k: int, n: int) -> list[str]:
-    """Why any GEMM of a linear with weight (N, K) on T tokens would not run as scaled-mm on CUDA in ``fmt``."""
+def scaled_mm_problems(fmt: str, t: int, k: int, n: int, padded_scales: bool = False) -> list[str]:
+    """Why any GEMM of a linear with weight (N, K) on T tokens would not run as scaled-mm on CUDA in ``fmt``.
+
+    ``padded_scales=False`` (the default): on a torch without the padded-scale API
+    (``padded_scale_api``), the strictest device - a GPU test's shape must run natively on every
+    torch the project supports, not only where ``F.scaled_mm`` takes padded 128x128 scales."""
     dims = {"T": t, "K": k, "N": n}
     problems = []
     for gemm, ((_, a_kind, (ar, ac)), (_, b_kind, (br, bc))) in GEMM_OPERANDS.items():
         a_shape, b_shape = (dims[ar], dims[ac]), (dims[br], dims[bc])
         blocks = gemm_shape_error(fmt, gemm, n, k, t)
-        mm = scaled_mm_shape_error(fmt, a_shape, a_kind, b_shape, b_kind, CUDA)
+        mm = scaled_mm_shape_error(fmt, a_shape, a_kind, b_shape, b_kind, CUDA, padded_scales=padded_scales)
         problems += [f"{gemm}: {e}" for e in (blocks, mm) if e]
     return problems
 
@@ -61,6 +65,8 @@ def test_the_rules_refuse_the_old_cases():
     """The check below can fail: the old torch fp8_block shape and the old TE nvfp4 dtype are refused."""
     old = scaled_mm_problems("fp8_block", 512, 1024, 768)
     assert len(old) == 1 and old[0].startswith("dgrad:") and "K/128 to be a multiple of 4" in old[0], old
+    # where torch has the padded-scale API the old dgrad runs through it instead (issue #34 item 2)
+    assert scaled_mm_problems("fp8_block", 512, 1024, 768, padded_scales=True) == []
     assert input_dtype_error("nvfp4", torch.float32) is not None
     assert setting_problems(["nvfp4"], tp_size=1, tp_amax="tensor", per_gemm_replans=False,
                             activation_dtype=torch.float32)
