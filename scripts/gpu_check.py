@@ -1,28 +1,44 @@
 """One device check of the GPU fast path: prints one line per check with its figure.
 
-Run through ``scripts/gpu_check.sh`` (which bounds it to 7 minutes); needs no network.
-Checks, in order (``name: figure ... OK|FAIL|INFO``; each says what it exercised):
+Run through ``scripts/gpu_check.sh`` (which bounds the whole script to 6 minutes); needs no network.
+Checks, in order of value - bitwise numerics, scaled-mm, the one-line probes, SNIP end to end, then
+timings - each with a budget (``BUDGET_S``, seconds on one H200 with cold caches): a check past its
+budget is cut with a FAIL line and the next one runs, so the budgets bound the run by design
+(``name: figure ... OK|FAIL|INFO``; each says what it exercised):
   env         torch / CUDA / GPU / Triton versions; Transformer Engine and apex presence (TE is
               not checked here: its wheel does not fit the offline image; tests/gpu/test_te_*.py)
-  scaled_mm   per format and operand pair: real scaled-mm or emulated, and whether PyTorch documents
-              a scaled-mm for it here (``scaled_mm_expected``): a fallback where it does is a FAIL
-  gemm_<fmt>  torch-backend GEMMs (fprop/dgrad/wgrad) vs the exact product of their operands, within
-              the 14-bit accumulation bound; FAIL on a fallback where scaled-mm is expected
   bitwise     Triton kernels and device-eager quantizers vs the CPU reference on the test input classes
   scaled_op   the float8 elements + scales the torch backend feeds scaled-mm (Triton ``scaled_operand``)
               vs the CPU reference, bitwise
-  compiled    torch.compile'd quantizers on the device (eager-numerics options) vs the CPU reference
-  copy_bw     device-to-device copy bandwidth (bytes read + written / s)
-  kernel_bw   quantize-kernel throughput as a fraction of copy_bw, per format
-  step_*      a llama_1b-shaped block stack (synthetic tokens): step times of BF16, torch-backend
-              FP8, emulated NVFP4, a mixed per-GEMM FP8/BF16 plan; ratios side by side
-  tiny_snip   tiny on this device with SNIP re-planning once: losses finite, plans written
+  scaled_mm   per format and operand pair: real scaled-mm or emulated, and whether PyTorch documents
+              a scaled-mm for it here (``scaled_mm_expected``): a fallback where it does is a FAIL
+  gemm_<fmt>  torch-backend GEMMs (fprop/dgrad/wgrad) vs the exact product of their operands, within
+              the 14-bit accumulation bound (fp8 fprop: the fast-accum bound, ``fast_accum_for``);
+              FAIL on a fallback where scaled-mm is expected
+  probes      one line each (scripts/gpu_check_probes.py): scale_pad (does cuBLAS need 128x128 scales
+              padded: K = 1280), div_rn_ftz (does Triton's div_rn flush subnormals), stop_flag (does a
+              4-byte pinned copy read the stop flag at execution)
+  tiny_snip   tiny on this device (torch backend) with SNIP re-planning once: losses finite, plans
+              written; a Triton-kernel, compiled-quantizer or scaled-mm fallback the device should not
+              need is a FAIL
   sync_free   a tiny run's steady-state steps make no host sync (CUDA: set_sync_debug_mode("error")
               and the framework's counter, which also sees pageable host-to-device copies)
+  compiled    torch.compile'd quantizers on the device (eager-numerics options) vs the CPU reference
+  copy_bw     device-to-device copy bandwidth (bytes read + written / s)
+  kernel_bw   quantize-kernel throughput as a fraction of copy_bw, per format, counting the bytes each
+              call really moves (``precision/quantize/kernel_calls.bytes_moved``: the kernel's one
+              read and one write, plus one read of the input for a tensor amax; the RHT is fused)
+  step_*      a llama_1b-shaped block stack (synthetic tokens): step times of BF16, torch-backend
+              FP8, emulated NVFP4, a mixed per-GEMM FP8/BF16 plan; ratios side by side; fallbacks as
+              in tiny_snip are FAILs
   compiles    Triton kernel specializations launched and torch.compile graphs built (each a cold
-              compile on a fresh machine), and the seconds each check took
+              compile on a fresh machine)
+  budget      the budget table: each check's budget, the seconds it took, its status
+Every line is flushed as it is printed; when the run is cut short (SIGINT from gpu_check.sh's
+timeout) it prints where it stopped and the budget table before exiting.
 ``--smoke`` runs the checks at toy sizes on CPU (kernels under TRITON_INTERPRET=1; the torch backend
-with CPU's reference scaled-mm) to test this script itself; its figures mean nothing.
+with CPU's reference scaled-mm) to test this script itself; its figures mean nothing and budgets are
+not enforced (``--budget-scale`` enforces them scaled, e.g. to test the cut).
 ``--force-fallback`` makes every scaled-mm call fail (to see the checks fail on fallbacks);
 ``--only a,b`` runs the named checks only.
 """
@@ -30,46 +46,27 @@ with CPU's reference scaled-mm) to test this script itself; its figures mean not
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
-import statistics
+import signal
 import sys
-import tempfile
 import time
 import traceback
-from collections.abc import Callable
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent  # the repository: launch/configs/ (the package comes installed)
+from gpu_check_report import CURRENT, FAILED, SECONDS, STATUS, guarded, line
+from gpu_check_runs import FORMATS_Q, check_bandwidth, check_steps, check_sync_free, check_tiny_snip, torch_backend
 
-FORMATS_Q = ("fp8", "fp8_block", "mxfp8", "mxfp4", "nvfp4", "fp4_block")
-FAILED: list[str] = []
-SECONDS: dict[str, float] = {}  # check -> wall seconds (cold compiles included)
+# Seconds each check may take on one H200, cold Triton / Inductor caches included (estimates: 42
+# Triton specializations at ~1 s each in bitwise/scaled_op, tiny's 6 steps and one re-plan, 5 steps
+# of 4 llama_1b blocks per plan, a 6-step BF16 tiny run). Their sum + the start-up must stay within PY_LIMIT_S, the limit
+# gpu_check.sh gives this script, and that + the ratios' limit within 6 minutes
+# (tests/unit/test_gpu_check_rules.py checks both sums against gpu_check.sh).
+BUDGET_S = {"env": 10, "bitwise": 50, "scaled_op": 25, "scaled_mm": 15, "gemms": 15, "probes": 15,
+            "tiny_snip": 55, "sync_free": 15, "compiled": 40, "bandwidth": 25, "steps": 50}
+COMPILE_START_S = BUDGET_S["compiled"] * 3 // 4  # the compiled check starts no new compile after this
+STARTUP_S = 15  # importing torch and the package, CUDA context creation, the final lines
+PY_LIMIT_S = 330  # gpu_check.sh: timeout --signal=INT 330 python3 scripts/gpu_check.py
+SCRIPT_LIMIT_S = 360  # the whole gpu_check.sh, by design
 TRITON_KEYS: set[tuple] = set()  # distinct Triton specializations launched (one compile each on a GPU)
-COMPILE_BUDGET_S = 90  # wall seconds the compiled check may spend on cold Inductor compiles
-
-
-def line(name: str, figure: str, status: str = "INFO") -> None:
-    if status == "FAIL":
-        FAILED.append(name)
-    print(f"{name:<12} {figure} ... {status}", flush=True)
-
-
-def guarded(fn: Callable[..., None]) -> Callable[..., None]:
-    """A check that raises prints one FAIL line with the error instead of ending the run; its time is kept."""
-    name = fn.__name__.removeprefix("check_")
-
-    def run(*args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            fn(*args, **kwargs)
-        except Exception as e:  # noqa: BLE001 - report and go on to the next check
-            line(name, f"raised {type(e).__name__}: {str(e).splitlines()[0][:200]}", "FAIL")
-            traceback.print_exc(file=sys.stderr)
-        SECONDS[name] = time.perf_counter() - t0
-    run.check_name = name
-    return run
 
 
 def bits_equal(a, b) -> bool:
@@ -87,28 +84,6 @@ def test_inputs(rows: int, smoke: bool) -> dict:
 
     classes = input_classes(rows, 128 if smoke else 256)
     return {k: v for k, v in classes.items() if k in ("gaussian", "midpoints", "nan_inf")} if smoke else classes
-
-
-def timed(fn: Callable[[], object], device, reps: int, warmup: int = 2) -> float:
-    """Median seconds per call of ``fn`` (CUDA events on a GPU)."""
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 @guarded
@@ -136,13 +111,6 @@ def check_env(device, smoke: bool) -> None:
          "backend's GPU tests are tests/gpu/test_te_*.py, run where TE is installed)")
 
 
-def torch_backend(device):
-    """The torch backend as a run on ``device`` builds it; on CPU (--smoke) with CPU's reference scaled-mm."""
-    from megatron_snip.precision.backends import get_backend
-
-    return get_backend("torch", cpu_reference=device.type == "cpu")
-
-
 @guarded
 def check_scaled_mm(device, smoke: bool) -> None:
     from megatron_snip.precision.backends.scaled_mm import OPERAND_PAIRS, scaled_mm_expected, scaled_mm_support
@@ -162,6 +130,9 @@ def check_scaled_mm(device, smoke: bool) -> None:
             figure = f"{fmt}: {pairs}; not expected here ({why})"
         line("scaled_mm", figure, status)
 
+
+# (T, K, N) of the gemm check (tests/unit/test_gpu_shapes.py runs them through scaled_mm_shape_error).
+GEMM_TKN = {False: (4096, 4096, 4096), True: (128, 512, 1024)}  # K, N multiples of 512 (128x128 scales)
 
 # The operands of each GEMM of a linear Y = X·Wᵀ as gemm.quant_linear hands them to its runner (a·bᵀ).
 GEMM_OPERANDS = {
@@ -186,7 +157,7 @@ def check_gemms(device, smoke: bool) -> None:
     from megatron_snip.precision.plan import GemmPrecision
     from megatron_snip.precision.quantize import quantize
 
-    t, k, n = (128, 256, 256) if smoke else (4096, 4096, 4096)
+    t, k, n = GEMM_TKN[smoke]
     g = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(t, k, device=device, generator=g)
     w = torch.randn(n, k, device=device, generator=g) / k**0.5
@@ -205,8 +176,8 @@ def check_gemms(device, smoke: bool) -> None:
                                                 magnitude_ratio(quantize(a, fmt, a_kind), quantize(b, fmt, b_kind)))
         falls = dict(be.fallbacks)
         expected, why = scaled_mm_expected(fmt, device)
-        figure = (f"error vs exact product of the operands fprop {errs['fprop']:.1e} dgrad {errs['dgrad']:.1e} "
-                  f"wgrad {errs['wgrad']:.1e} (bound {max(tols.values()):.1e}); exercised: "
+        figure = ("error vs exact product of the operands (bound) "  # each GEMM its own bound: fp8 fprop's is fast-accum's
+                  + " ".join(f"{gm} {errs[gm]:.1e} ({tols[gm]:.1e})" for gm in errs) + "; exercised: "
                   + ("scaled-mm for fprop, dgrad, wgrad" if not falls else "emulated fallback for "
                      + "; ".join(f"{key}: {reason}" for key, reason in falls.items())[:240]))
         within = all(errs[gm] <= tols[gm] for gm in errs)
@@ -298,19 +269,18 @@ def check_compiled(device, smoke: bool) -> None:
     from megatron_snip.precision.quantize.blocks import _qdq
     from megatron_snip.precision.quantize.noise import draw_seeds
 
-    if smoke:
-        line("compiled", "skipped in --smoke (CPU compile is tested by tests/unit/test_quantize.py)")
-        return
     total = ok = 0
     t0 = time.perf_counter()
     # One compile per (format, operand kind): several input classes stacked by rows (NaN/Inf
     # would poison whole tensors or blocks and hide the rest; the bitwise check covers them).
-    # Every format's activation variant first, then the others, until COMPILE_BUDGET_S: each is a
-    # cold Inductor compile on a fresh machine, and 18 of them could eat the 7-minute limit.
+    # Every format's activation variant first, then the others, while 3/4 of the check's budget is
+    # left: each is a cold Inductor compile on a fresh machine, and 18 of them could eat the run.
     variants = [(fmt, operand, hadamard) for operand, hadamard in (
         (Operand.ACTIVATION, False), (Operand.GRADIENT, True), (Operand.WEIGHT, False)) for fmt in FORMATS_Q]
+    if smoke:  # one CPU compile exercises the path (tests/unit/test_quantize.py compiles the rest)
+        variants = variants[:1]
     for fmt, operand, hadamard in variants:
-        if time.perf_counter() - t0 > COMPILE_BUDGET_S:
+        if time.perf_counter() - t0 > COMPILE_START_S:
             break
         spec = get_format(fmt)
         classes = input_classes(32, 256)
@@ -321,7 +291,7 @@ def check_compiled(device, smoke: bool) -> None:
                                      None if seeds is None else seeds.to(device))
         total += 1
         ok += got is not None and bits_equal(got, want)
-    skipped = f"; {len(variants) - total} variants left out after the {COMPILE_BUDGET_S} s budget" \
+    skipped = f"; {len(variants) - total} variants left out after {COMPILE_START_S} s of compiles" \
         if total < len(variants) else ""
     reason = compiled.compiled_quantizers_available()[1]
     line("compiled", f"{ok}/{total} compiled-on-{device.type} results bit-identical to the CPU reference "
@@ -330,178 +300,22 @@ def check_compiled(device, smoke: bool) -> None:
 
 
 @guarded
-def check_bandwidth(device, smoke: bool) -> None:
-    import torch
+def check_probes(device, smoke: bool) -> None:
+    from gpu_check_probes import PROBES
 
-    from megatron_snip.precision.formats import Operand, get_format
-    from megatron_snip.precision.quantize.kernel_calls import qdq, scaled_operand
-    from megatron_snip.precision.quantize.noise import draw_seeds
-
-    rows, cols = (128, 128) if smoke else (8192, 8192)
-    reps, warmup = (1, 0) if smoke else (10, 2)  # the interpreter is slow; its figures mean nothing
-    src = torch.randn(rows * 4, cols, device=device)  # 1 GiB on a GPU
-    dst = torch.empty_like(src)
-    copy_s = timed(lambda: dst.copy_(src), device, reps, warmup)
-    copy_bw = 2 * src.numel() * 4 / copy_s
-    line("copy_bw", f"{copy_bw / 1e9:.0f} GB/s device-to-device (read + write, {src.numel() * 4 / 2**30:.2f} GiB)")
-    x = torch.randn(rows, cols, device=device)
-    for fmt in FORMATS_Q:
-        spec = get_format(fmt)
-        for operand in (Operand.ACTIVATION, Operand.GRADIENT):
-            seeds = draw_seeds(None, device) if spec.stochastic_for(operand) else None
-            hadamard = spec.wgrad_hadamard and operand is Operand.GRADIENT
-            s = timed(lambda spec=spec, operand=operand, hadamard=hadamard, seeds=seeds:
-                      qdq(x, spec, operand, hadamard, False, None, seeds), device, reps, warmup)
-            frac = 2 * x.numel() * 4 / s / copy_bw
-            line("kernel_bw", f"{fmt} {operand.value}{' +RHT' if hadamard else ''}{' +SR' if seeds is not None else ''}: "
-                 f"{frac:.0%} of copy bandwidth (fp32 in/out, {x.numel() / s / 1e9:.1f} Gelem/s)",
-                 "INFO" if smoke else ("OK" if frac >= 0.7 else "FAIL"))
-    xb = x.to(torch.bfloat16)
-    for fmt in ("fp8", "fp8_block"):
-        spec = get_format(fmt)
-        s = timed(lambda spec=spec: scaled_operand(xb, spec, Operand.ACTIVATION, None), device, reps, warmup)
-        frac = x.numel() * (2 + 1) / s / copy_bw
-        line("kernel_bw", f"{fmt} scaled-mm operand (bf16 in, float8 out): {frac:.0%} of copy bandwidth",
-             "INFO" if smoke else ("OK" if frac >= 0.7 else "FAIL"))
+    for name, probe in PROBES.items():
+        try:
+            figure, status = probe(device)
+        except Exception as e:  # noqa: BLE001 - one probe's failure is its line; the others still run
+            figure, status = f"raised {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}", "FAIL"
+            traceback.print_exc(file=sys.stderr)
+        line(name, figure, status)
 
 
-def _block_stack(device, smoke: bool):
-    import torch
-
-    from megatron_snip.config import load_config
-    from megatron_snip.model.llama import LlamaModel
-
-    cfg = load_config(ROOT / "launch/configs/llama_1b.toml", ["model.num_layers=4"] if not smoke else [
-        "model.num_layers=2", "model.hidden_size=256", "model.ffn_hidden_size=512", "model.num_attention_heads=4",
-        "model.num_kv_heads=2"])
-    torch.manual_seed(0)
-    model = LlamaModel(cfg.model, 32000 if not smoke else 512).to(device)
-    return cfg, model
-
-
-@guarded
-def check_steps(device, smoke: bool) -> None:
-    import torch
-
-    from megatron_snip.precision.backends import get_backend
-    from megatron_snip.precision.backends.scaled_mm import scaled_mm_expected
-    from megatron_snip.precision.plan import GEMMS, LINEARS, PrecisionPlan
-
-    _cfg, model = _block_stack(device, smoke)
-    b, s = (2, 128) if smoke else (4, 2048)
-    vocab = model.vocab_size
-    tokens = torch.randint(0, vocab, (b, s + 1), device=device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type == "cuda")
-    numel = {lin: 1 for lin in LINEARS}  # the FP4 share printed nowhere here
-    gen = torch.Generator(device=device).manual_seed(1)
-    model.set_quant_generator(gen)
-
-    def plan(fmt_of: Callable[[int, str, str], str]) -> PrecisionPlan:
-        entries = {g: fmt_of(g.layer, g.linear, g.gemm) for g in model.gemm_ids()}
-        return PrecisionPlan.create(entries, step=0, policy="gpu_check", linear_numel=numel)
-
-    mixed = plan(lambda layer, lin, gemm: "fp8" if (layer + LINEARS.index(lin) + GEMMS.index(gemm)) % 2 else "bf16")
-    runs = {
-        "bf16": ("emulated", plan(lambda *_: "bf16")),
-        "fp8 (torch)": ("torch", plan(lambda *_: "fp8")),
-        "mixed fp8/bf16 (torch)": ("torch", mixed),
-        "nvfp4 (emulated)": ("emulated", plan(lambda *_: "nvfp4")),
-    }
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16)
-    times = {}
-    fp8_expected = scaled_mm_expected("fp8", device)[0]
-    for name, (backend, p) in runs.items():
-        be = torch_backend(device) if backend == "torch" else get_backend(backend)
-        model.set_backend(be)
-        model.apply_plan(p)
-
-        def step():
-            with autocast:
-                loss = model.loss(model(tokens[:, :-1]), tokens[:, 1:])
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            assert math.isfinite(loss.item())
-
-        times[name] = timed(step, device, reps=2 if smoke else 5)
-        fb = getattr(be, "fallbacks", {})
-        line("step", f"{name}: {times[name] * 1e3:.1f} ms/step ({b}x{s} tokens, {len(model.layers)} llama_1b blocks)"
-             + (f"; fallbacks: {'; '.join(f'{k}: {r}' for k, r in fb.items())[:200]}" if fb else ""),
-             "FAIL" if fb and fp8_expected else "INFO")  # these plans' fp8 GEMMs must all be scaled-mm ones
-    speedup = times["bf16"] / times["fp8 (torch)"]
-    line("step_fp8", f"torch FP8 {speedup:.2f}x BF16 (target >= 1.3x)", "INFO" if smoke else (
-        "OK" if speedup >= 1.3 else "FAIL"))
-    extra = times["mixed fp8/bf16 (torch)"] / times["fp8 (torch)"] - 1
-    # Half the GEMMs in BF16: the mixed plan's fair cost is between uniform FP8 and BF16.
-    line("step_mixed", f"mixed per-GEMM plan {extra:+.1%} vs uniform FP8 (half its GEMMs BF16; BF16 is "
-         f"{times['bf16'] / times['fp8 (torch)'] - 1:+.1%})")
-    line("step_nvfp4", f"emulated NVFP4 {times['nvfp4 (emulated)'] / times['bf16']:.2f}x BF16 step time")
-
-
-@guarded
-def check_tiny_snip(device, smoke: bool) -> None:
-    from megatron_snip.config import load_config
-    from megatron_snip.snip.controller import SnipController
-    from megatron_snip.training.trainer import Trainer
-
-    with tempfile.TemporaryDirectory() as tmp:
-        over = [f"training.device={device.type}", "precision.backend=torch", "training.max_steps=6",
-                "training.eval_interval=1000", "training.eval_batches=1", "training.progress=false",
-                "snip.enabled=true", "snip.warmup=3", "snip.interval=1000", "snip.probe_batches=1",
-                "snip.noise_draws=1", "data.valid_paths=[]", f"training.run_dir={tmp}/run",
-                f"data.cache_dir={tmp}/cache"]
-        if smoke:
-            over += ["model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128",
-                     "model.num_attention_heads=4", "model.num_kv_heads=2", "training.seq_len=32",
-                     "training.micro_batch_size=4", "training.global_batch_size=4", "training.max_steps=4"]
-        cfg = load_config(ROOT / "launch/configs/tiny.toml", over)
-        t0 = time.perf_counter()
-        tr = Trainer(cfg)
-        tr.fit([SnipController(cfg, tr)])
-        tr.logger.close()
-        rows = [json.loads(r) for r in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
-        losses = [r["loss"] for r in rows if "loss" in r]
-        plans = sorted(p.name for p in (Path(tmp) / "run" / "plans").glob("step_*.json") if "_stats" not in p.name)
-        ok = losses and all(math.isfinite(v) for v in losses) and len(plans) >= 2
-        line("tiny_snip", f"{tr.step} steps in {time.perf_counter() - t0:.0f} s, losses {[round(v, 3) for v in losses]}, "
-             f"plans {plans}", "OK" if ok else "FAIL")
-
-
-@guarded
-def check_sync_free(device, smoke: bool) -> None:
-    """A tiny run's steady-state training steps make no host sync: on CUDA under
-    ``torch.cuda.set_sync_debug_mode("error")`` (any synchronizing call raises: this check's FAIL
-    names it) plus the framework's counter, which also sees pageable host-to-device copies
-    (``training/sync_free.py``). BF16 plan, emulated backend, torch's fused AdamW (the skip decided
-    on the device). On CPU (``--smoke``) the foreach AdamW reads its skip flag once per step by design."""
-    from megatron_snip.config import load_config
-    from megatron_snip.training.sync_free import steady_steps
-    from megatron_snip.training.trainer import Trainer
-
-    warmup, steps = 2, 3
-    with tempfile.TemporaryDirectory() as tmp:
-        over = [f"training.device={device.type}", "precision.backend=emulated", "precision.initial_plan=bf16",
-                "snip.enabled=false", f"training.max_steps={warmup + steps + 1}", "training.progress=false",
-                "data.valid_paths=[]", f"training.run_dir={tmp}/run", f"data.cache_dir={tmp}/cache"]
-        if smoke:
-            over += ["model.num_layers=1", "model.hidden_size=64", "model.ffn_hidden_size=128",
-                     "model.num_attention_heads=4", "model.num_kv_heads=2", "training.seq_len=32",
-                     "training.micro_batch_size=2", "training.global_batch_size=4"]
-        tr = Trainer(load_config(ROOT / "launch/configs/tiny.toml", over))
-        for step in range(warmup):  # allocations (device and pinned pools) happen here, and may sync
-            tr.train_step(step)
-        syncs = steady_steps(tr, warmup, steps)
-        allowed = 0 if device.type == "cuda" else steps  # CPU: the foreach AdamW's flag read, once a step
-        kinds = {k: syncs.kinds.count(k) for k in dict.fromkeys(syncs.kinds)}
-        ok = syncs.count <= allowed and not syncs.of("pageable_copy")
-        line("sync_free", f"{steps} steady-state steps: {syncs.count} host syncs {kinds or ''} (allowed {allowed}"
-             f"{', sync debug mode error' if device.type == 'cuda' else ''}){'; at ' + ', '.join(syncs.where[:4]) if not ok else ''}",
-             "OK" if ok else "FAIL")
-
-
-CHECKS = (check_env, check_scaled_mm, check_gemms, check_bitwise, check_scaled_op, check_compiled, check_bandwidth,
-          check_steps, check_tiny_snip)  # most telling first: the 7-minute limit cuts the tail
-CHECKS += (check_sync_free,)  # issue #34 item 4; its place in the order is the ordering's (issue #34 item 1)
+# In order of value: bitwise numerics, scaled-mm, the probes, SNIP end to end, then timings.
+CHECKS = (check_env, check_bitwise, check_scaled_op, check_scaled_mm, check_gemms, check_probes, check_tiny_snip,
+          check_sync_free, check_compiled, check_bandwidth, check_steps)
+assert [c.check_name for c in CHECKS] == list(BUDGET_S)
 
 
 def force_fallback() -> None:
@@ -530,16 +344,38 @@ def count_triton_specializations() -> None:
     kq._launch = counted
 
 
+def budget_table(t0: float, cut: str | None) -> None:
+    """The end of every run, cut short or not: one ``budget`` line per check (budget, seconds used,
+    status), the totals against the script's limits, and the overall verdict."""
+    rows = [("check", "budget_s", "used_s", "status")] + [
+        (name, str(budget), f"{SECONDS[name]:.1f}" if name in SECONDS else "-",
+         STATUS.get(name, "INFO") if name in SECONDS else "not run") for name, budget in BUDGET_S.items()]
+    rows.append(("sum", str(sum(BUDGET_S.values())), f"{sum(SECONDS.values()):.1f}",
+                 f"+ {STARTUP_S} s start-up within this script's {PY_LIMIT_S} s; gpu_check.sh <= {SCRIPT_LIMIT_S} s"))
+    for name, budget, used, status in rows:
+        print(f"{'budget':<12} {name:<10} {budget:>8} {used:>7}  {status}", flush=True)
+    if cut:
+        line("cut", cut, "FAIL")
+    failed = list(dict.fromkeys(FAILED))  # each failing line name once, in order
+    line("total", f"{time.perf_counter() - t0:.0f} s, {len(failed)} failed: {failed}", "FAIL" if FAILED else "OK")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="toy sizes on CPU, kernels interpreted (tests this script)")
     ap.add_argument("--force-fallback", action="store_true", help="make every scaled-mm fail (the checks must FAIL)")
+    ap.add_argument("--budget-scale", type=float, default=None,
+                    help="enforce each check's budget times this (default: 1 on a GPU, not enforced with --smoke)")
     names = [c.check_name for c in CHECKS]
     ap.add_argument("--only", default=",".join(names), help=f"comma-separated checks to run, of {names}")
     args = ap.parse_args()
     only = args.only.split(",")
     if set(only) - set(names):
         ap.error(f"--only: unknown check(s) {sorted(set(only) - set(names))}; the checks are {names}")
+    if args.budget_scale is not None and not args.budget_scale > 0:
+        ap.error(f"--budget-scale: must be > 0, got {args.budget_scale}")
+    scale = args.budget_scale if args.budget_scale is not None else (None if args.smoke else 1.0)
+    t0 = time.perf_counter()
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"
     import torch
@@ -551,20 +387,24 @@ def main() -> int:
     if args.force_fallback:
         force_fallback()
     count_triton_specializations()
-    t0 = time.perf_counter()
-    for check in CHECKS:
-        if check.check_name in only:
-            check(device, args.smoke)
-    from torch._dynamo.utils import counters
+    try:
+        for check in CHECKS:
+            if check.check_name in only:
+                check(device, args.smoke, budget_s=None if scale is None else BUDGET_S[check.check_name] * scale)
+        from torch._dynamo.utils import counters
 
-    from megatron_snip.precision import fallbacks
+        from megatron_snip.precision import fallbacks
 
-    for what, reason in fallbacks.recorded().items():
-        line("fallback", f"{what}: {reason}"[:300])
-    line("compiles", f"{len(TRITON_KEYS)} Triton kernel specializations launched, "
-         f"{counters['stats']['unique_graphs']} torch.compile graphs built (each a compile on a cold cache); seconds "
-         "per check: " + ", ".join(f"{k} {v:.0f}" for k, v in SECONDS.items()))
-    line("total", f"{time.perf_counter() - t0:.0f} s, {len(FAILED)} failed: {FAILED}", "FAIL" if FAILED else "OK")
+        for what, reason in fallbacks.recorded().items():
+            line("fallback", f"{what}: {reason}"[:300])
+        line("compiles", f"{len(TRITON_KEYS)} Triton kernel specializations launched, "
+             f"{counters['stats']['unique_graphs']} torch.compile graphs built (each a compile on a cold cache)")
+    except KeyboardInterrupt:  # gpu_check.sh's timeout (SIGINT): say where it stopped, then the table
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        budget_table(t0, f"stopped by SIGINT after {time.perf_counter() - t0:.0f} s, in "
+                         f"{CURRENT[0] if CURRENT else 'between checks'}; the lines above are all it reached")
+        return 124
+    budget_table(t0, None)
     return 1 if FAILED else 0
 
 

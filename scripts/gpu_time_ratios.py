@@ -11,7 +11,7 @@ autocast, per format, against the same with format ``bf16``; the ratio is the su
 the linears. Formats the backend runs emulated here are marked (``--formats fp8,nvfp4`` on Hopper
 measures the emulated GEMM's cost, ``capability.emulated_gemm_time_ratio`` in the table), and the
 table's value is printed next to each measurement; the last line gives the measurement as
-``snip.time_costs``, which replaces the table. Timing: ``gpu_check.timed`` (CUDA events, median of ``--reps`` after two
+``snip.time_costs``, which replaces the table. Timing: ``gpu_check_runs.timed`` (CUDA events, median of ``--reps`` after two
 warm-up calls). ``scripts/gpu_check.sh`` runs it after the device check.
 """
 
@@ -21,7 +21,7 @@ import argparse
 import sys
 
 import torch
-from gpu_check import timed  # scripts/ is on the path: this file runs as a script from there
+from gpu_check_runs import timed  # scripts/ is on the path: this file runs as a script from there
 
 from megatron_snip.precision import capability
 from megatron_snip.precision.backends import get_backend

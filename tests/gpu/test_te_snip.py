@@ -25,10 +25,15 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def test_snip_replans_with_the_te_backend(tmp_path):
-    # NVFP4 needs Blackwell; on Hopper the candidates are BF16 and FP8 and there is no FP4 target.
-    formats, rho = (["fp8", "nvfp4"], 0.5) if check("te", "nvfp4", "cuda") else (["bf16", "fp8"], 0.0)
-    overrides = [
+# SNIP's candidates and FP4 target: NVFP4 needs Blackwell; on Hopper the candidates are BF16 and
+# FP8 and there is no FP4 target. tests/unit/test_gpu_shapes.py runs both settings through the
+# te backend's start-up rules (``te.setting_problems``) and the model's shapes through the block rules.
+CANDIDATES = {"blackwell": (["fp8", "nvfp4"], 0.5), "hopper": (["bf16", "fp8"], 0.0)}
+
+
+def overrides(formats: list[str], rho: float, tmp_path) -> list[str]:
+    """The run's config overrides on launch/configs/tiny.toml."""
+    return [
         "model.num_layers=2", "model.hidden_size=128", "model.ffn_hidden_size=256", "model.num_attention_heads=4",
         "model.num_kv_heads=2", "training.seq_len=64", "training.micro_batch_size=4", "training.global_batch_size=4",
         "training.warmup_steps=1", "training.eval_batches=1", "training.eval_interval=1000", "training.max_steps=4",
@@ -37,7 +42,11 @@ def test_snip_replans_with_the_te_backend(tmp_path):
         "snip.warmup=1", "snip.interval=2", "snip.probe_batches=1", "snip.noise_draws=1",
         f"training.run_dir={tmp_path / 'run'}", f"data.cache_dir={tmp_path / 'cache'}",
     ]
-    cfg = load_config("launch/configs/tiny.toml", overrides)
+
+
+def test_snip_replans_with_the_te_backend(tmp_path):
+    formats, rho = CANDIDATES["blackwell" if check("te", "nvfp4", "cuda") else "hopper"]
+    cfg = load_config("launch/configs/tiny.toml", overrides(formats, rho, tmp_path))
     tr = Trainer(cfg)
     tr.fit([SnipController(cfg, tr)])
     tr.logger.close()

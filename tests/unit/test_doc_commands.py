@@ -154,7 +154,8 @@ def _parse_only(kind: str, target: str, args: list[str], monkeypatch) -> argpars
     try:
         if kind == "module":
             runpy.run_module(target, run_name="__main__", alter_sys=False)
-        else:
+        else:  # as `python <script>` runs it: the script's folder first on sys.path (its sibling modules)
+            monkeypatch.syspath_prepend(str((REPO / target).parent))
             runpy.run_path(str(REPO / target), run_name="__main__")
     except _Parsed as done:
         return done.namespace

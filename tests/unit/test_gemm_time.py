@@ -262,7 +262,7 @@ def test_gpu_time_ratios_script_smoke(capsys):
     from pathlib import Path
 
     scripts = Path(__file__).parents[2] / "scripts"
-    sys.path.insert(0, str(scripts))  # as when it runs from there: it imports gpu_check
+    sys.path.insert(0, str(scripts))  # as when it runs from there: it imports gpu_check_runs
     path = scripts / "gpu_time_ratios.py"
     spec = importlib.util.spec_from_file_location("gpu_time_ratios", path)
     mod = importlib.util.module_from_spec(spec)

@@ -167,21 +167,6 @@ def test_weight_tiles_get_enough_warps_not_to_spill():
     assert num_warps_for(16, 1, 128) == 4 and num_warps_for(16, 8, 16) == 4  # 2K-element tiles: the default
 
 
-def test_bytes_moved_counts_one_read_one_write_plus_the_amax_pass():
-    from megatron_snip.precision.quantize.kernel_calls import bytes_moved
-
-    n = 8192 * 8192
-    f32, bf16 = torch.float32, torch.bfloat16
-    assert bytes_moved("mxfp8", n, f32) == 8 * n  # read 4 + write 4
-    assert bytes_moved("fp8", n, f32) == 12 * n  # + the aminmax pass
-    assert bytes_moved("fp8", n, f32, amax_given=True) == 8 * n
-    assert bytes_moved("nvfp4", n, f32, True) == 12 * n + 8 * n // 2048  # + the rotated amax pass and partials
-    assert bytes_moved("mxfp4+rht", n, f32, True) == 8 * n  # the rotation is fused: no extra pass
-    assert bytes_moved("fp8_block", n, bf16, scaled=True) == 3 * n + 4 * n // 128
-    assert bytes_moved("fp8_block", n, f32, operand=Operand.WEIGHT, scaled=True) == 5 * n + 4 * n // 16384
-    assert bytes_moved("fp8", n, bf16, scaled=True) == 5 * n + 4
-
-
 def test_quantize_hands_bf16_to_the_kernel_without_an_fp32_copy(monkeypatch):
     import megatron_snip.precision.quantize as q
 

@@ -75,7 +75,7 @@ from megatron_snip.precision.formats import get_format
 from megatron_snip.precision.gemm import AmaxReducers
 from megatron_snip.precision.plan import GemmPrecision, PrecisionPlan
 
-__all__ = ["TEBackend", "make_recipe", "setting_problems", "uniform_format"]
+__all__ = ["TEBackend", "input_dtype_error", "make_recipe", "setting_problems", "uniform_format"]
 
 
 def make_recipe(fmt: str) -> Any:
@@ -127,6 +127,18 @@ def _input_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype
 
 
+def input_dtype_error(fmt: str, dtype: torch.dtype) -> str | None:
+    """Why TE cannot run ``fmt`` on linears computing in ``dtype`` (None: it can).
+
+    NVFP4: TE applies its wgrad random Hadamard transform to bf16 inputs only, so an fp32
+    input is refused. The one home of the rule: ``setting_problems`` (start-up), ``linear``
+    (each call) and tests/unit/test_gpu_shapes.py (every tests/gpu case) ask it.
+    """
+    if fmt == "nvfp4" and dtype != torch.bfloat16:
+        return f"nvfp4 in TE applies its Hadamard transform to bf16 inputs only, but the linears run in {dtype}"
+    return None
+
+
 def setting_problems(formats: Iterable[str], *, tp_size: int, tp_amax: str, per_gemm_replans: bool,
                      activation_dtype: torch.dtype) -> list[str]:
     """What in a run's settings TE cannot do (empty: nothing); shared by ``check_run`` and the dry run.
@@ -147,9 +159,8 @@ def setting_problems(formats: Iterable[str], *, tp_size: int, tp_amax: str, per_
         problems.append(f"format(s) {tensor_scaled} have a tensor scale, which TE computes per parallel.tp="
                         f"{tp_size} shard from its local amax (module docstring), while precision.tp_amax="
                         f"{tp_amax!r} asks for the whole tensor's; set precision.tp_amax=\"shard\"")
-    if "nvfp4" in formats and activation_dtype != torch.bfloat16:
-        problems.append(f"nvfp4 in TE applies its Hadamard transform to bf16 inputs only, but the linears "
-                        f"run in {activation_dtype}; set training.dtype=\"bfloat16\"")
+    dtype_errors = [e for e in (input_dtype_error(f, activation_dtype) for f in sorted(formats)) if e]
+    problems += [f"{e}; set training.dtype=\"bfloat16\"" for e in dtype_errors]
     return problems
 
 
@@ -247,8 +258,9 @@ class TEBackend(Backend):
             raise ValueError(f"te backend cannot run {fmt} with a whole-tensor amax across tensor-parallel shards: TE "
                              'scales each shard by its local amax. Fix: precision.tp_amax="shard", a block-scaled '
                              'format (fp8_block, mxfp8), or precision.backend="torch"/"emulated"')
-        if fmt == "nvfp4" and _input_dtype(x) != torch.bfloat16:
-            raise ValueError(f"te backend runs nvfp4 on bf16 inputs only (TE's RHT), got {_input_dtype(x)}. "
+        dtype_error = input_dtype_error(fmt, _input_dtype(x))
+        if dtype_error:
+            raise ValueError(f"te backend cannot run this call: {dtype_error}. "
                              'Fix: bf16 autocast (training.dtype="bfloat16") or precision.backend="emulated"')
         if not isinstance(weight, torch.nn.Parameter):
             raise TypeError("te backend needs the weight as an nn.Parameter (it is installed in a te.Linear)")

@@ -153,28 +153,30 @@ def bytes_moved(fmt: str | Format, numel: int, dtype: torch.dtype, rht: bool = F
 
     Derivation, per element, with b = ``dtype``'s size (4 fp32, 2 bf16):
       * the quantize kernel reads the input once (b) - the RHT, when on, rotates the tile in
-        registers (no rotated copy in memory) - and writes once: ``qdq`` the dequantized fp32
-        operand (4), ``scaled_operand`` the float8 codes (1) plus one fp32 decode scale per block
-        (4 / block elements: 4/128 for 1x128 tiles, 4/16384 for 128x128 blocks) or 4 bytes in all
-        for a tensor scale;
+        registers for every block width (no rotated copy in memory, no pass of its own) - and
+        writes once: ``qdq`` the dequantized fp32 operand (4), ``scaled_operand`` the float8 codes
+        (1) plus, for block scales, one fp32 decode scale per block (4 / block elements: 4/128 for
+        1x128 tiles, 4/16384 for 128x128 blocks);
       * a format with a tensor scale (``fp8``, ``nvfp4``) and no given amax reads the input once
         more first for it: ``tensor_amax`` (``torch.aminmax``, one pass, no |x| temporary) or, with
-        the RHT, the kernel's amax-only mode (the rotated tile's amax; one fp32 partial per
-        16 x 128 tile written and read back: 8 / 2048 per element).
-    So ``qdq``: b + 4 per element (block scales), 2b + 4 (tensor scale); ``scaled_operand`` of bf16:
-    3 + 4/128 (``fp8_block`` 1x128), 5 (``fp8``). The handful of 0-d scalar ops around a launch
-    (scales from the amax: < 100 bytes) are not counted. Shapes are assumed to fill the tiles
-    (rows % 16 == cols % 128 == 0), as every 1B-layer shape does.
+        the RHT, the kernel's amax-only mode (``rotated_amax``: the rotated tile's amax; one fp32
+        partial per 16 x 128 tile written and read back: 8 / 2048 per element).
+    So ``qdq``: b + 4 per element (block scales), 2b + 4 (tensor scale; + 8/2048 with the RHT);
+    ``scaled_operand`` of bf16: 3 + 4/128 (``fp8_block`` 1x128), 5 (``fp8``). Not counted: tensors of
+    one element (the 0-d amax and the scalar ops that derive it, the kernel's amax argument, the
+    ``fp8`` 0-d decode scale) and the two stochastic-rounding seeds, under 100 bytes per call.
+    Shapes are assumed to fill the tiles (rows % 16 == cols % 128 == 0, 128x128 blocks whole), as
+    every 1B-layer shape does. tests/unit/test_kernel_traffic.py counts the bytes each call really
+    moves under the Triton interpreter and checks them against this.
     """
     spec = get_format(fmt) if isinstance(fmt, str) else fmt
     b = torch.empty((), dtype=dtype).element_size()
     total = numel * b  # the quantize kernel's read
     if scaled:
-        if spec.scaling is Scaling.TENSOR:
-            total += numel + 4
-        else:
+        total += numel  # the float8 codes
+        if spec.scaling is not Scaling.TENSOR:  # (a tensor scale's 0-d decode scale is not counted)
             br, bc = spec.block_for(operand)
-            total += numel + 4 * numel // (br * bc)
+            total += 4 * numel // (br * bc)
     else:
         total += 4 * numel
     if spec.quantizes and spec.uses_tensor_amax and not amax_given:
