@@ -234,3 +234,23 @@ def test_a_bad_hook_variable_is_refused_naming_it(spec):
     with pytest.raises(ValueError, match=rf"\${HOOK_ENV}={spec!r} is not <point>:<action>"):
         hook_from_env({HOOK_ENV: spec})
     assert hook_from_env({}) is None
+
+
+def test_the_dry_runs_checkpoint_bytes_are_the_tensors_a_shard_holds(small_overrides, tmp_path, monkeypatch):
+    from megatron_snip.sizing import estimate
+    from megatron_snip.sizing.checkpoint_time import CKPT_WRITE_ENV, checkpoint_lines, shard_bytes
+
+    cfg = load_config(TINY, small_overrides + ["training.max_steps=1"])
+    trainer = Trainer(cfg)
+    trainer.fit()
+    trainer.logger.close()
+    state = ckpt.read_shard(tmp_path / "run" / "checkpoints", 1)
+    moments = [t for st in state["optimizer"]["state"].values() for k, t in st.items() if k != "step"]
+    tensor_bytes = sum(t.numel() * t.element_size() for t in [*state["model"].values(), *moments])
+    sizing = estimate(cfg, 1)
+    assert shard_bytes(sizing) == tensor_bytes  # fp32 weights + AdamW m, v: 12 B per parameter, exactly
+    monkeypatch.setenv(CKPT_WRITE_ENV, "2")
+    assert f"at 2 GB/s per writer (${CKPT_WRITE_ENV})" in checkpoint_lines(sizing)[0]
+    monkeypatch.setenv(CKPT_WRITE_ENV, "fast")
+    with pytest.raises(ValueError, match=rf"\${CKPT_WRITE_ENV}='fast' is not a bandwidth"):
+        checkpoint_lines(sizing)
