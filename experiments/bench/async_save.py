@@ -41,22 +41,27 @@ from megatron_snip.config import load_config
 CONTESTANTS = ("none", "sync", "async")
 
 
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
 class _Clock:
-    """Callback: the time at each step's end (after that step's save)."""
+    """Callback: the wall time and the training thread's CPU time at each step's end (after its save)."""
 
     def __init__(self) -> None:
-        self.ends: list[float] = []
+        self.ends: list[tuple[float, float]] = []
 
     def before_step(self, host, step):
         if not self.ends:
-            self.ends.append(time.perf_counter())
+            self.ends.append((time.perf_counter(), time.thread_time()))
 
     def after_step(self, host, step):
-        self.ends.append(time.perf_counter())
+        self.ends.append((time.perf_counter(), time.thread_time()))
 
 
-def _run(config: str, overrides: list[str], run_dir: Path) -> tuple[list[float], list[float]]:
-    """One run's step times (step i+1's at index i) and its background writes' durations (from the log)."""
+def _run(config: str, overrides: list[str], run_dir: Path) -> tuple[list[tuple[float, float]], list[float]]:
+    """One run's step times, (wall, training-thread CPU) with step i+1's at index i, and its background
+    writes' durations (from the log)."""
     cfg = load_config(config, overrides + [f"training.run_dir={run_dir}"])
     log = io.StringIO()
     with contextlib.redirect_stdout(log):  # the run's own log lines stay out of the table
@@ -65,7 +70,7 @@ def _run(config: str, overrides: list[str], run_dir: Path) -> tuple[list[float],
         trainer.fit([clock])
         trainer.logger.close()
     writes = [float(m) for m in re.findall(r"committed \(async: written in ([0-9.]+) s", log.getvalue())]
-    return [b - a for a, b in zip(clock.ends, clock.ends[1:])], writes
+    return [(b[0] - a[0], b[1] - a[1]) for a, b in zip(clock.ends, clock.ends[1:])], writes
 
 
 def _label_cost(config: str, overrides: list[str]) -> list[str]:
@@ -101,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="launch/configs/tiny.toml")
     ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--save-interval", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--save-interval", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args(argv)
     common = [f"training.max_steps={args.steps}", "training.eval_interval=100000", "training.log_interval=100000",
               "training.progress=false", "snip.enabled=false", "data.valid_paths=[]", "training.keep_checkpoints=2"]
@@ -123,27 +128,23 @@ def main(argv: list[str] | None = None) -> int:
                 writes += w
                 times[c].append(steps[1:-1])  # leave out step 1 (warm-up) and the last (final save)
     saves = {i for i in range(2, args.steps) if i % args.save_interval == 0}  # 1-based steps that checkpoint (mid-run)
-
-    def split(step_times):
-        save = [s for i, s in enumerate(step_times, start=2) if i in saves]
-        other = [s for i, s in enumerate(step_times, start=2) if i not in saves]
-        return save, other
-
     print(f"(a) {args.config}: {args.steps} steps, checkpoint every {args.save_interval} (steps {sorted(saves)} "
-          f"mid-run), {args.rounds} rounds; step times in s (median over rounds and steps 2..{args.steps - 1})")
-    print(f"    {'contestant':<10}{'all steps':>12}{'save steps':>12}{'other steps':>13}")
-    for c in CONTESTANTS:
-        flat = [s for rt in times[c] for s in rt]
-        save, other = split(flat)
-        print(f"    {c:<10}{statistics.median(flat):12.4f}{statistics.median(save) if c != 'none' else float('nan'):12.4f}"
-              f"{statistics.median(other):13.4f}")
-    for a, b in (("async", "sync"), ("async", "none"), ("sync", "none")):
-        per_round = [statistics.median(x) / statistics.median(y) for x, y in zip(times[a], times[b])]
-        print(f"    step time {a}/{b}: {statistics.median(per_round):.3f} (per round: "
-              + ", ".join(f"{v:.3f}" for v in per_round) + ")")
-    for c in ("sync", "async"):
-        per_round = [statistics.median(split(rt)[0]) / statistics.median(split(rt)[1]) for rt in times[c]]
-        print(f"    {c} save step / other step: {statistics.median(per_round):.3f}")
+          f"mid-run), {args.rounds} rounds; medians over rounds and steps 2..{args.steps - 1}, in s")
+    for kind, col in (("wall time", 0), (("training thread's CPU time (time.thread_time: not slowed by other "
+                                         "processes, blind to fsync waits and GIL waits)"), 1)):
+        print(f"  {kind}")
+        print(f"    {'contestant':<10}{'all steps':>12}{'save steps':>12}{'other steps':>13}")
+        for c in CONTESTANTS:
+            rounds = [[st[col] for st in rt] for rt in times[c]]
+            flat = [v for rt in rounds for v in rt]
+            save = [v for rt in rounds for i, v in enumerate(rt, start=2) if i in saves and c != "none"]
+            other = [v for rt in rounds for i, v in enumerate(rt, start=2) if i not in saves or c == "none"]
+            print(f"    {c:<10}{_median(flat):12.4f}{_median(save):12.4f}{_median(other):13.4f}")
+        for a, b in (("async", "sync"), ("async", "none"), ("sync", "none")):
+            per_round = [_median([st[col] for st in x]) / _median([st[col] for st in y])
+                         for x, y in zip(times[a], times[b])]
+            print(f"    step time {a}/{b}: {_median(per_round):.3f} (per round: "
+                  + ", ".join(f"{v:.3f}" for v in per_round) + ")")
     print(f"    async: {len(writes)} background writes, median {statistics.median(writes):.3f} s from snapshot to "
           f"written (training ran meanwhile)")
     for line in _label_cost(args.config, common):

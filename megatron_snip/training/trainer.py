@@ -559,8 +559,9 @@ class Trainer:
         """Checkpoint after ``self.step`` (``RunDirectory.save``: every rank's shard, then rank 0's
         commit). ``meta.json`` records the resolved config (compared on resume), the vocabulary
         size and how many bytes of ``metrics.jsonl`` belong to the run up to this step. With
-        ``training.async_save`` a save that is not ``final`` (the last step's, a preemption's) is
-        written in the background (``AsyncCheckpointer``); a final one waits for it, then writes."""
+        ``training.async_save`` a periodic save (``final=False``) is written in the background
+        (``AsyncCheckpointer``); a final one (the last step's, a preemption's, a caller's) first
+        waits for the write in flight, then writes synchronously."""
         state = self.state_dict()  # on every rank: the distributed optimizer gathers its DP shards here
         meta = None
         if self.is_writer:
