@@ -4,7 +4,8 @@ Each rank writes its TP shard in a background thread; rank 0 commits only after 
 all-reduce of "busy"/"failed" flags on the main thread at a log/eval/save step). Here rank 1's
 writer is slow (it sleeps with its shard half-written): a commit on rank 0's own writer alone would
 record a checkpoint without ``shard_tp01_pp00.pt`` (``checkpoint.verify`` at tp=2 refuses it). A
-writer that fails on rank 1 stops both ranks, each naming the checkpoint."""
+writer that fails on rank 1 stops both ranks, each naming the checkpoint. The async run also
+profiles two steps (``training.profile_steps``): a trace per rank, the same numbers."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from dist_harness import SMALL_MULTI_RANK, TINY, run_ranks
 
 from megatron_snip.config import load_config
 from megatron_snip.parallel.distributed import init_distributed
+from megatron_snip.telemetry.profile import trace_path
 from megatron_snip.training import checkpoint as ckpt
 from megatron_snip.training.trainer import Trainer
 
@@ -50,8 +52,12 @@ def _losses(run_dir):
 def test_the_commit_waits_for_the_slow_rank_and_equals_the_synchronous_run(tmp_path):
     sync, slow = tmp_path / "sync", tmp_path / "async"
     run_ranks(_worker, 2, (BASE + [f"training.run_dir={sync}"], "sync"), timeout_s=300)
-    out = run_ranks(_worker, 2, (BASE + [f"training.run_dir={slow}", "training.async_save=true"], "slow"),
-                    timeout_s=300)
+    # Steps 3-4 profiled too: one trace per rank, and no change to the numbers (compared below).
+    out = run_ranks(_worker, 2, (BASE + [f"training.run_dir={slow}", "training.async_save=true",
+                                         "training.profile_steps=[3,4]"], "slow"), timeout_s=300)
+    for rank in (0, 1):
+        names = {e["name"] for e in json.loads(trace_path(slow, rank).read_text())["traceEvents"]}
+        assert {"step:3", "step:4", "gemm:fprop:nvfp4", "quantize:nvfp4:weight"} <= names, (rank, sorted(names)[:20])
     assert [o["outcome"] for o in out] == ["finished", "finished"]
     root = slow / "checkpoints"
     assert ckpt.list_checkpoints(root) == [2, 4, 6]
