@@ -304,6 +304,17 @@ class TrainingConfig:
     init_from_ignore_unused: bool = False  # init_from an HF directory: load even if it has tensors no parameter uses
     save_interval: int = 0  # steps between checkpoints (0 = only at the end)
     keep_checkpoints: int = 2
+    # Checkpoint in the background (torchtitan's async_mode, Megatron's --async-save): at a save step
+    # the state is copied to host memory (pinned on CUDA) and a writer thread writes and sha256s the
+    # shard while training continues; the commit follows once every rank's shard is written (checked
+    # at the next log/eval/save step; one process: every step). One save in flight at most; the final
+    # and preemption saves are waited for. training/async_checkpoint.py, docs/checkpoints.md.
+    async_save: bool = False
+    # Write a torch.profiler trace (Chrome trace JSON: Perfetto, chrome://tracing, TensorBoard) of
+    # steps start..end (1-based, as the log counts them) to <run_dir>/profile/trace_rank<R>.json,
+    # quantizers and GEMMs labelled ("quantize:<format>:<operand>", "gemm:<fprop|dgrad|wgrad>:<format>").
+    # [] = off (no profiler, no labels). telemetry/profile.py, docs/performance.md.
+    profile_steps: tuple[int, ...] = ()
     eval_interval: int = 50
     eval_batches: int = 4
     # Which windows of each validation set the periodic evaluation reads: "first" (its first
@@ -367,6 +378,12 @@ class TrainingConfig:
             raise field_error("training.save_interval", self.save_interval, "must be >= 0 (0 = save at the end only)")
         if not self.run_dir:
             raise field_error("training.run_dir", self.run_dir, "give a directory for checkpoints and metrics")
+        if self.profile_steps:
+            ps = self.profile_steps
+            if (len(ps) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in ps)
+                    or not 1 <= ps[0] <= ps[1] <= self.max_steps):
+                raise field_error("training.profile_steps", list(ps), f"give [start, end] with 1 <= start <= end <= "
+                                  f"training.max_steps={self.max_steps} (steps counted from 1, as the log does), or [] for off")
         if self.init_optimizer and not self.init_from:
             raise field_error("training.init_optimizer", True, "needs training.init_from (a run or checkpoint directory)")
         if self.init_from_ignore_unused and not self.init_from:

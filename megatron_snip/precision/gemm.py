@@ -64,6 +64,7 @@ import torch.nn.functional as F
 
 from megatron_snip.precision.formats import Operand, get_format
 from megatron_snip.precision.plan import GemmPrecision
+from megatron_snip.precision.profile_labels import label
 from megatron_snip.precision.quantize import quantize
 
 __all__ = ["TP_AMAX_MODES", "AmaxReducers", "GemmRunner", "activation_dtype", "emulated_gemm", "operand_reducers",
@@ -214,7 +215,7 @@ class _QuantLinearFn(torch.autograd.Function):
         # One reduction per operand and micro-batch (module docstring): fprop's amaxes of X and W
         # are kept for wgrad's unrotated Xᵀ and dgrad's Wᵀ.
         x_amax, w_amax = _once(reducers.x), _once(reducers.w)
-        with torch.autocast(x.device.type, enabled=False):
+        with torch.autocast(x.device.type, enabled=False), label("gemm", "fprop", precision.fprop):
             if precision.fprop == "bf16":
                 y_tn = F.linear(x_tk.to(act), weight.to(act))
             else:
@@ -240,23 +241,26 @@ class _QuantLinearFn(torch.autograd.Function):
         dx = dw = None
         with torch.autocast(x.device.type, enabled=False):
             if ctx.needs_input_grad[0]:
-                if precision.dgrad == "bf16":
-                    dx_tk = dy_tn.to(act) @ weight.to(act)
-                else:
-                    # Wᵀ is a transposed view: quantize reads W contiguously, blocks along N.
-                    dx_tk = ctx.gemm(precision.dgrad, dy_tn, Operand.GRADIENT, weight.t(), Operand.WEIGHT,
-                                     hadamard=False, amax_reduce=(dy_amax, ctx.w_amax), out_dtype=x.dtype, **common)
-                dx = dx_tk.to(x.dtype).reshape(x.shape)
+                with label("gemm", "dgrad", precision.dgrad):
+                    if precision.dgrad == "bf16":
+                        dx_tk = dy_tn.to(act) @ weight.to(act)
+                    else:
+                        # Wᵀ is a transposed view: quantize reads W contiguously, blocks along N.
+                        dx_tk = ctx.gemm(precision.dgrad, dy_tn, Operand.GRADIENT, weight.t(), Operand.WEIGHT,
+                                         hadamard=False, amax_reduce=(dy_amax, ctx.w_amax), out_dtype=x.dtype, **common)
+                    dx = dx_tk.to(x.dtype).reshape(x.shape)
             if ctx.needs_input_grad[1]:
-                if precision.wgrad == "bf16":
-                    dw = dy_tn.to(act).t() @ x_tk.to(act)
-                else:
-                    rht = get_format(precision.wgrad).wgrad_hadamard
-                    # The RHT changes the operands' amaxes: rotated ones are reduced afresh.
-                    reduce_pair = (reducers.dy, reducers.x) if rht else (dy_amax, ctx.x_amax)
-                    dw = ctx.gemm(precision.wgrad, dy_tn.t(), Operand.GRADIENT, x_tk.t(), Operand.ACTIVATION,
-                                  hadamard=rht, amax_reduce=reduce_pair, out_dtype=weight.dtype, **common)
-                dw = dw.to(weight.dtype)
+                with label("gemm", "wgrad", precision.wgrad):
+                    if precision.wgrad == "bf16":
+                        dw = dy_tn.to(act).t() @ x_tk.to(act)
+                    else:
+                        rht = get_format(precision.wgrad).wgrad_hadamard
+                        # The RHT changes the operands' amaxes: rotated ones are reduced afresh.
+                        reduce_pair = (reducers.dy, reducers.x) if rht else (dy_amax, ctx.x_amax)
+                        dw = ctx.gemm(precision.wgrad, dy_tn.t(), Operand.GRADIENT, x_tk.t(), Operand.ACTIVATION,
+                                      hadamard=rht, amax_reduce=reduce_pair, out_dtype=weight.dtype,
+                                      **common)
+                    dw = dw.to(weight.dtype)
         return dx, dw, None, None, None, None, None
 
 

@@ -64,6 +64,7 @@ from megatron_snip.model.shapes import (
 from megatron_snip.precision.capability import GPUS, QUANT_LINEAR_BACKENDS, GpuSpec, check_gpu_type
 from megatron_snip.precision.formats import FORMATS, FP4_FORMATS
 from megatron_snip.precision.plan import GEMMS, LINEARS, PrecisionPlan
+from megatron_snip.sizing.checkpoint_time import checkpoint_lines
 from megatron_snip.sizing.gemm_time import gemm_time_lines
 from megatron_snip.sizing.result import (
     ADAM_BYTES,
@@ -362,6 +363,7 @@ def dry_run_report(cfg: Config, world_size: int, gpu: str | None = None) -> str:
     verdict = "fits" if room >= 0.1 * s.gpu.memory_gib else ("tight" if room >= 0 else "DOES NOT FIT")
     add(f"  peak {peak.total_bytes / GIB:.1f} GiB on stage {peak.stage} vs {s.gpu.name} {s.gpu.memory_gib:.0f} GiB: "
         f"{verdict} ({room:+.1f} GiB left for TE workspaces, NCCL buffers, SNIP probes, fragmentation)")
+    out += checkpoint_lines(s)  # checkpoint_time.py
     add("")
     add("FLOPs per step (global batch, all blocks; each linear runs fprop, dgrad and wgrad)")
     for lin in LINEARS:

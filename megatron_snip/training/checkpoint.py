@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +48,13 @@ def tmp_dir(ckpt_root: Path, step: int) -> Path:
     return ckpt_root / f".tmp_step_{step:06d}"
 
 
-def write_shard(ckpt_root: Path, step: int, state: dict[str, Any], tp_rank: int = 0, pp_rank: int = 0) -> str:
+def write_shard(ckpt_root: Path, step: int, state: dict[str, Any], tp_rank: int = 0, pp_rank: int = 0,
+                on_partial: Callable[[], None] | None = None) -> str:
     """Write this rank's shard into the temporary directory of checkpoint ``step``; returns its sha256.
 
-    The file is fsynced before the rename, and its checksum lands next to it for ``commit``."""
+    The file is fsynced before the rename, and its checksum lands next to it for ``commit``.
+    ``on_partial`` runs once the ``.partial`` file is written, before its rename (a test hook: the
+    asynchronous writer pauses or fails there, training/async_checkpoint.py)."""
     d = tmp_dir(ckpt_root, step)
     d.mkdir(parents=True, exist_ok=True)
     path = d / shard_name(tp_rank, pp_rank)
@@ -59,6 +63,8 @@ def write_shard(ckpt_root: Path, step: int, state: dict[str, Any], tp_rank: int 
         torch.save(state, f)
         f.flush()
         os.fsync(f.fileno())
+    if on_partial is not None:
+        on_partial()
     digest = file_sha256(tmp)
     os.replace(tmp, path)
     atomic_write_text(path.with_name(path.name + ".sha256"), digest + "\n")

@@ -82,15 +82,32 @@ class RunDirectory:
         checkpoint ``step`` atomically with ``meta`` as its ``meta.json`` (``meta`` is needed on
         rank 0 only; None elsewhere); every rank returns after the commit."""
         topo = self.topo
-        if topo.dp_rank == 0:
-            state["layout"] = {"tp": topo.tp, "pp": topo.pp, "tp_rank": topo.tp_rank,
-                               "pp_rank": topo.pp_rank, "layers": list(layer_ids)}
-            ckpt.write_shard(self.ckpt_root, step, state, topo.tp_rank, topo.pp_rank)
+        if self.writes_shard:
+            self.write_shard(step, state, layer_ids)
         comm.barrier(topo.world_group)  # all shards are in the temp dir before the commit
+        self.commit(step, meta)
+        comm.barrier(topo.world_group)  # nobody reads or re-saves before the commit is done
+
+    @property
+    def writes_shard(self) -> bool:
+        """Whether this rank writes a shard: DP rank 0 of each (TP, PP) shard (the replicas hold the same)."""
+        return self.topo.dp_rank == 0
+
+    def write_shard(self, step: int, state: dict[str, Any], layer_ids: list[int],
+                    on_partial: Any = None) -> None:
+        """Write this rank's shard of checkpoint ``step`` into its temp dir (no collective: the
+        asynchronous writer thread calls it too; ``on_partial``: see ``checkpoint.write_shard``)."""
+        topo = self.topo
+        state["layout"] = {"tp": topo.tp, "pp": topo.pp, "tp_rank": topo.tp_rank,
+                           "pp_rank": topo.pp_rank, "layers": list(layer_ids)}
+        ckpt.write_shard(self.ckpt_root, step, state, topo.tp_rank, topo.pp_rank, on_partial=on_partial)
+
+    def commit(self, step: int, meta: dict[str, Any] | None) -> None:
+        """Rank 0 commits checkpoint ``step`` (``checkpoint.commit``); a no-op elsewhere. Call it only
+        once every rank's shard is written (a barrier, or the asynchronous writers' agreement)."""
         if self.is_writer:
             assert meta is not None, "rank 0 commits the checkpoint and needs its meta"
             ckpt.commit(self.ckpt_root, step, meta, keep=self.cfg.training.keep_checkpoints)
-        comm.barrier(topo.world_group)  # nobody reads or re-saves before the commit is done
 
     def latest(self, logger: RunLogger, vocab_size: int, layer_ids: list[int]) -> Restored | None:
         """The newest checkpoint that verifies (``training.resume``), read for this rank; None if

@@ -52,8 +52,10 @@ from megatron_snip.precision.plan import PrecisionPlan, all_gemm_ids
 from megatron_snip.snip.feasibility import check_candidates_runnable
 from megatron_snip.snip.host import ReferencePass, Replan
 from megatron_snip.telemetry.logger import RunLogger, step_line
+from megatron_snip.telemetry.profile import StepProfiler
 from megatron_snip.telemetry.sinks import Sinks
 from megatron_snip.training import checkpoint as ckpt
+from megatron_snip.training.async_checkpoint import AsyncCheckpointer, hook_from_env
 from megatron_snip.training.init_from import init_from
 from megatron_snip.training.lr import lr_at
 from megatron_snip.training.optim import build_optimizer
@@ -164,6 +166,8 @@ class Trainer:
                                           progress_total=t.max_steps if t.progress else None,
                                           sinks=[self.sinks] if self.sinks else [])
         self.recorder = PlanRecorder(self.run_dir, self.is_writer, self.logger, self.sinks)
+        self.saver = (AsyncCheckpointer(self.run_directory, self.device, self.logger.info, hook_from_env())
+                      if t.async_save else None)  # training.async_save: checkpoints written in the background
         for line in self.run_directory.start_notes + self.data.notes:  # start-up clean-up; how each corpus was read
             self.logger.info(line)
         resumed = self.load_latest() if t.resume else False
@@ -436,7 +440,11 @@ class Trainer:
         process; in a distributed run the one after the next step at the latest, the flag
         travelling in each step's all-reduce), save a checkpoint and raise ``TrainingPreempted``."""
         t = self.cfg.training
-        callbacks = callbacks or []
+        callbacks = list(callbacks or [])
+        profiler = StepProfiler(t.profile_steps, self.run_dir, self.topo.rank, self.logger.info) \
+            if t.profile_steps else None
+        if profiler is not None:  # first, so that the other callbacks' work at those steps is in the trace
+            callbacks.insert(0, profiler)
         tokens_per_step = t.global_batch_size * t.seq_len
         if self.step == 0:
             self.logger.info(f"model: {self.grads.global_numel() / 1e6:.2f}M parameters, vocab {self.vocab_size}, "
@@ -446,7 +454,8 @@ class Trainer:
         fit_start, first_step = time.perf_counter(), self.step
         last_eval: dict[str, float] = {}
         last_loss = math.nan
-        with StopSignal(t.preempt_grace_s, lambda: describe_last_checkpoint(self.ckpt_root)) as stop:
+        with StopSignal(t.preempt_grace_s, lambda: describe_last_checkpoint(self.ckpt_root)) as stop, \
+                AsyncCheckpointer.on_exit(self.saver), StepProfiler.on_exit(profiler):
             self._stop = stop
             while self.step < t.max_steps:
                 step = self.step
@@ -501,16 +510,20 @@ class Trainer:
                     self.logger.log_metrics(self.step, metrics)
                 self.logger.progress(self.step, loss=last_loss, tok_s=int(tokens_per_step / (time.perf_counter() - t0)))
                 if saved:
-                    self.save()
+                    self.save(final=self.step == t.max_steps)
+                elif self.saver is not None:  # commit a finished background write (agreed at read steps)
+                    self.saver.poll(read_step=logged or evaluated)
                 stop.set_phase("boundary", self.step, "a callback after the step")
                 for cb in callbacks:
                     cb.after_step(self, step)
                 if stopping or self._stop_requested(stop, records, late):
+                    if saved and self.saver is not None:
+                        self.saver.finish()  # a preemption waits for the checkpoint it reports
                     if not saved:
                         unread = self._settle(ledger, window, t0)  # the guards speak before the checkpoint
                         if unread and unread[-1].skipped:
                             self.logger.log_metrics(self.step, self._step_metrics(unread[-1]))
-                        self.save()
+                        self.save(final=True)
                     # Steps counted as the log counts them (from 1): checkpoint step_N holds N steps.
                     raise TrainingPreempted(
                         f"received {stop.received.name if stop.received else 'a stop signal (on another rank)'}; "
@@ -593,10 +606,13 @@ class Trainer:
         self.recorder.load_state_dict(state)
         self._param_norm = self.param_norm()
 
-    def save(self) -> None:
+    def save(self, final: bool = True) -> None:
         """Checkpoint after ``self.step`` (``RunDirectory.save``: every rank's shard, then rank 0's
         commit). ``meta.json`` records the resolved config (compared on resume), the vocabulary
-        size and how many bytes of ``metrics.jsonl`` belong to the run up to this step."""
+        size and how many bytes of ``metrics.jsonl`` belong to the run up to this step. With
+        ``training.async_save`` a periodic save (``final=False``) is written in the background
+        (``AsyncCheckpointer``); a final one (the last step's, a preemption's, a caller's) first
+        waits for the write in flight, then writes synchronously."""
         if self._stop is not None:  # a forced stop from here on says a save was cut short
             self._stop.set_phase("save", self.step)
         state = self.state_dict()  # on every rank: the distributed optimizer gathers its DP shards here
@@ -606,6 +622,11 @@ class Trainer:
                     "sequence_parallel": self.tp.sequence_parallel, "plan_hash": self.plan.hash, "time": time.time(),
                     "vocab_size": self.vocab_size, "config": self.cfg.to_dict(),
                     "metrics_bytes": self.logger.metrics_bytes()}
+        if self.saver is not None and not final:
+            self.saver.start(self.step, state, self.model.layer_ids, meta)
+            return
+        if self.saver is not None:
+            self.saver.finish()
         self.run_directory.save(self.step, state, self.model.layer_ids, meta)
 
     def load_latest(self) -> bool:

@@ -60,6 +60,7 @@ import torch
 
 from megatron_snip.precision.formats import Operand, get_format
 from megatron_snip.precision.gemm_shapes import operand_shape_error
+from megatron_snip.precision.profile_labels import label
 from megatron_snip.precision.quantize.blocks import tensor_amax
 from megatron_snip.precision.quantize.compiled import _run_qdq, cuda_kernels, kernel_failed
 from megatron_snip.precision.quantize.noise import draw_seeds
@@ -117,8 +118,15 @@ def quantize(
         ValueError: unknown format; x not 2-D; a dim not a multiple of the
             format's block (``gemm_shapes.operand_shape_error``); both amax and amax_reduce.
     """
-    spec = get_format(fmt)
     operand = Operand(operand)
+    with label("quantize", fmt, operand.value):  # a no-op unless a profiler records (profile_labels.py)
+        return _quantize(x, fmt, operand, generator, hadamard, amax, amax_reduce, compiled)
+
+
+def _quantize(x: torch.Tensor, fmt: str, operand: Operand, generator: torch.Generator | None, hadamard: bool,
+              amax: torch.Tensor | None, amax_reduce: Callable[[torch.Tensor], torch.Tensor] | None,
+              compiled: bool) -> torch.Tensor:
+    spec = get_format(fmt)
     error = operand_shape_error(x.shape, spec, operand, hadamard=hadamard)
     if error is not None:
         raise ValueError(error)
