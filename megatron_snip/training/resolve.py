@@ -1,5 +1,6 @@
-"""What a run's settings resolve to before training starts: the device, the autocast dtype and
-the initial precision plan (``training.device``, ``training.dtype``, ``precision.initial_plan``)."""
+"""What a run's settings resolve to before training starts: the device, the autocast dtype, the
+initial precision plan (``training.device``, ``training.dtype``, ``precision.initial_plan``), the
+GEMM backend (``precision.backend``) and the data every rank reads."""
 
 from __future__ import annotations
 
@@ -9,6 +10,11 @@ from pathlib import Path
 import torch
 
 from megatron_snip.config import Config
+from megatron_snip.data.pipeline import DataBundle, build_data
+from megatron_snip.parallel import comm
+from megatron_snip.parallel.topology import ParallelTopology
+from megatron_snip.precision.backends import Backend, get_backend
+from megatron_snip.precision.capability import require
 from megatron_snip.precision.plan import GemmId, PrecisionPlan
 
 
@@ -57,3 +63,43 @@ def _looks_like_path(spec: str) -> bool:
     """A file name rather than a policy spec: it exists, has a folder part or a file suffix
     (policy specs are ``name[:args]`` with no ``/`` and no ``.json``/``.txt`` ending)."""
     return Path(spec).exists() or "/" in spec or os.sep in spec or Path(spec).suffix.lower() in (".json", ".txt")
+
+
+def build_backend(cfg: Config, initial_plan: PrecisionPlan, device: torch.device, tp_size: int,
+                  autocast_dtype: torch.dtype | None) -> Backend:
+    """The GEMM backend ``precision.backend`` names, refused at start-up (with the reason and
+    the fix) if it cannot run the initial plan's formats (whatever form ``precision.initial_plan``
+    took) or SNIP's candidate formats on ``device``. ``tp_size``: the TP group's size (TE's per-shard amaxes)."""
+    p = cfg.precision
+    formats = {f for _, f in initial_plan.entries} | {"bf16"}
+    if cfg.snip.enabled:
+        formats |= set(cfg.snip.formats)
+    require(p.backend, formats, device)
+    if p.backend == "te":
+        backend = get_backend("te", tp_size=tp_size, tp_amax=p.tp_amax)
+        backend.check_run(initial_plan, formats, activation_dtype=autocast_dtype or torch.float32,
+                          per_gemm_replans=cfg.snip.enabled and cfg.snip.granularity == "gemm")
+        return backend
+    return get_backend(p.backend, compiled=p.compile_quantizers)  # emulated or torch
+
+
+def build_data_on_ranks(cfg: Config, topo: ParallelTopology, is_writer: bool) -> DataBundle:
+    """This rank's data (``data/pipeline.build_data``). Rank 0 tokenizes into the cache (once per
+    job, on shared storage if data.cache_dir is) and checks the data first; the others then only
+    read it - or raise rank 0's error instead of waiting for it in a collective (one object
+    broadcast over the world group)."""
+    world = topo.world_group
+    if topo.is_distributed and not is_writer:
+        error = comm.broadcast_object(None, 0, world)
+        if error:
+            raise ValueError(error)
+        return build_data(cfg, is_writer=False)
+    try:
+        data = build_data(cfg, is_writer=is_writer)
+    except ValueError as e:
+        if topo.is_distributed:
+            comm.broadcast_object(str(e), 0, world)
+        raise
+    if topo.is_distributed:
+        comm.broadcast_object(None, 0, world)
+    return data

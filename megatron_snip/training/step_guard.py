@@ -26,6 +26,7 @@ all-reduce over the world group, before the optimizer step.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,6 +152,24 @@ class StepLedger:
                for (res, dt, host), row in zip(self._pending, rows)]
         self._pending = []
         return out
+
+
+class LogWindow:
+    """Steps since the last log line, as their records are read: summed loss of the non-skipped ones
+    and wall time (the log line's mean loss and throughput)."""
+
+    def __init__(self) -> None:
+        self.steps, self.seconds, self.loss_sum, self.loss_count = 0, 0.0, 0.0, 0
+
+    def add(self, rec: StepRecord) -> None:
+        self.steps += 1
+        self.seconds += rec.dt
+        if not rec.skipped:
+            self.loss_sum += rec.loss
+            self.loss_count += 1
+
+    def mean_loss(self) -> float:
+        return self.loss_sum / self.loss_count if self.loss_count else math.nan
 
 
 def non_finite_stop(consecutive: int, limit: int, step: int) -> TrainingStopped:

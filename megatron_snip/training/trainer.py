@@ -37,7 +37,7 @@ from megatron_snip.atomic_io import atomic_write_text
 from megatron_snip.config import Config
 from megatron_snip.data.dataset import GPTDataset, eval_window_batches
 from megatron_snip.data.device_batches import BatchLoader
-from megatron_snip.data.pipeline import DataBundle, build_data
+from megatron_snip.data.pipeline import DataBundle
 from megatron_snip.model.llama import LlamaModel
 from megatron_snip.model.shapes import linear_numel, model_linear_shapes
 from megatron_snip.parallel import comm
@@ -46,8 +46,6 @@ from megatron_snip.parallel.distributed_optimizer import DistributedOptimizer
 from megatron_snip.parallel.pipeline import schedule_for
 from megatron_snip.parallel.topology import ParallelTopology
 from megatron_snip.precision import fallbacks
-from megatron_snip.precision.backends import Backend, get_backend
-from megatron_snip.precision.capability import require
 from megatron_snip.precision.plan import PrecisionPlan, all_gemm_ids
 from megatron_snip.snip.feasibility import check_candidates_runnable
 from megatron_snip.snip.host import ReferencePass, Replan
@@ -67,11 +65,18 @@ from megatron_snip.training.preemption import (
     stop_reached_any_rank,
 )
 from megatron_snip.training.reference_step import reused_loss, take_reference
-from megatron_snip.training.resolve import resolve_autocast_dtype, resolve_device, resolve_initial_plan
+from megatron_snip.training.resolve import (
+    build_backend,
+    build_data_on_ranks,
+    resolve_autocast_dtype,
+    resolve_device,
+    resolve_initial_plan,
+)
 from megatron_snip.training.run_dir import RunDirectory
 from megatron_snip.training.step_guard import (
     LaggedFlags,
     LateFlags,
+    LogWindow,
     StepLedger,
     StepRecord,
     StepResult,
@@ -83,23 +88,6 @@ from megatron_snip.training.step_guard import (
 )
 from megatron_snip.training.throughput import Throughput, peak_memory_text
 from megatron_snip.training.vocab_check import model_vocab_size
-
-
-class _LogWindow:
-    """Steps since the last log line: summed loss of the non-skipped ones and wall time."""
-
-    def __init__(self) -> None:
-        self.steps, self.seconds, self.loss_sum, self.loss_count = 0, 0.0, 0.0, 0
-
-    def add(self, rec: StepRecord) -> None:
-        self.steps += 1
-        self.seconds += rec.dt
-        if not rec.skipped:
-            self.loss_sum += rec.loss
-            self.loss_count += 1
-
-    def mean_loss(self) -> float:
-        return self.loss_sum / self.loss_count if self.loss_count else math.nan
 
 
 class Trainer:
@@ -120,7 +108,7 @@ class Trainer:
         self.device = resolve_device(t.device)
         self.autocast_dtype = resolve_autocast_dtype(t.dtype, self.device)
 
-        self.data: DataBundle = self._build_data()
+        self.data: DataBundle = build_data_on_ranks(self.cfg, self.topo, self.is_writer)
         self.vocab_size = model_vocab_size(cfg, self.data.tokenizer, self.topo.tp)
 
         # Same seed on every rank: each builds the full weights of its parameters and keeps its slice.
@@ -157,7 +145,7 @@ class Trainer:
         self.all_gemm_ids = all_gemm_ids(cfg.model.num_layers)
         check_candidates_runnable(cfg, self.topo.tp)  # before any step, not at the first re-plan
         self.plan: PrecisionPlan = resolve_initial_plan(cfg, self.all_gemm_ids, self.linear_numel)
-        self.model.set_backend(self._build_backend(self.plan))
+        self.model.set_backend(build_backend(self.cfg, self.plan, self.device, self.topo.tp, self.autocast_dtype))
         self.model.set_tp_amax(cfg.precision.tp_amax)
 
         # Optional W&B / TensorBoard mirrors of metrics.jsonl and of every plan (rank 0 only; None otherwise).
@@ -182,42 +170,6 @@ class Trainer:
         self.apply_plan(self.plan)
         if not resumed:
             self.recorder.record(self.plan)
-
-    def _build_backend(self, initial_plan: PrecisionPlan) -> Backend:
-        """The GEMM backend ``precision.backend`` names, refused at start-up (with the reason and
-        the fix) if it cannot run the initial plan's formats (whatever form ``precision.initial_plan``
-        took) or SNIP's candidate formats on this device."""
-        p = self.cfg.precision
-        formats = {f for _, f in initial_plan.entries} | {"bf16"}
-        if self.cfg.snip.enabled:
-            formats |= set(self.cfg.snip.formats)
-        require(p.backend, formats, self.device)
-        if p.backend == "te":
-            backend = get_backend("te", tp_size=self.topo.tp, tp_amax=p.tp_amax)
-            backend.check_run(initial_plan, formats, activation_dtype=self.autocast_dtype or torch.float32,
-                              per_gemm_replans=self.cfg.snip.enabled and self.cfg.snip.granularity == "gemm")
-            return backend
-        return get_backend(p.backend, compiled=p.compile_quantizers)  # emulated or torch
-
-    def _build_data(self) -> DataBundle:
-        # Rank 0 tokenizes into the cache (once per job, on shared storage if data.cache_dir is)
-        # and checks the data first; the others then only read it - or raise rank 0's error
-        # instead of waiting for it in a collective.
-        world = self.topo.world_group
-        if self.topo.is_distributed and not self.is_writer:
-            error = comm.broadcast_object(None, 0, world)
-            if error:
-                raise ValueError(error)
-            return build_data(self.cfg, is_writer=False)
-        try:
-            data = build_data(self.cfg, is_writer=self.is_writer)
-        except ValueError as e:
-            if self.topo.is_distributed:
-                comm.broadcast_object(str(e), 0, world)
-            raise
-        if self.topo.is_distributed:
-            comm.broadcast_object(None, 0, world)
-        return data
 
     # --- precision (the SNIP host: snip/host.py) --------------------------------------
     @property
@@ -450,7 +402,7 @@ class Trainer:
             self.logger.info(f"model: {self.grads.global_numel() / 1e6:.2f}M parameters, vocab {self.vocab_size}, "
                              f"{self.topo.describe()}, device {self.device}, autocast {self.autocast_dtype}, "
                              f"plan {self.plan.policy} (FP4 share {self.plan.fp4_flops_share:.2f})")
-        window, ledger, lagged = _LogWindow(), StepLedger(), LaggedFlags(self.device)
+        window, ledger, lagged = LogWindow(), StepLedger(), LaggedFlags(self.device)
         fit_start, first_step = time.perf_counter(), self.step
         last_eval: dict[str, float] = {}
         last_loss = math.nan
@@ -490,7 +442,7 @@ class Trainer:
                         peak_memory=peak_memory_text(self.device), skipped=self.skipped_steps,
                         fp4_share=self.plan.fp4_flops_share, elapsed_s=elapsed,
                         eta_s=per_step * (t.max_steps - self.step)))
-                    window = _LogWindow()
+                    window = LogWindow()
                 stop.set_phase("boundary", self.step, "logging")
                 # A stop already requested skips this boundary's evaluation, and one arriving during it
                 # aborts it: the checkpoint comes first (a grace period never costs it).
@@ -532,7 +484,7 @@ class Trainer:
             self._stop = None
         return last_eval
 
-    def _settle(self, ledger: StepLedger, window: _LogWindow, t0: float) -> list[StepRecord]:
+    def _settle(self, ledger: StepLedger, window: LogWindow, t0: float) -> list[StepRecord]:
         """Read the steps since the last read (one host sync) and account for them in order: count
         skips, log each skipped step (text and metrics line, as its own step), and raise
         ``TrainingStopped`` at a run of ``max_consecutive_skips`` non-finite steps or a ruinous
