@@ -113,7 +113,8 @@ def check_env(device, smoke: bool) -> None:
 
 @guarded
 def check_scaled_mm(device, smoke: bool) -> None:
-    from megatron_snip.precision.backends.scaled_mm import OPERAND_PAIRS, scaled_mm_expected, scaled_mm_support
+    from megatron_snip.precision.backends.scaled_mm import scaled_mm_expected, scaled_mm_support
+    from megatron_snip.precision.scaled_mm_rules import OPERAND_PAIRS
 
     for fmt in FORMATS_Q:
         expected, why = scaled_mm_expected(fmt, device)

@@ -34,6 +34,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from megatron_snip.precision import scaled_mm_rules
 from megatron_snip.precision.backends import scaled_mm
 from megatron_snip.precision.formats import E4M3, Operand, get_format
 from megatron_snip.precision.quantize import kernel_calls
@@ -149,7 +150,7 @@ def _gemm_launches(gemm: str, fmt: str, t: int, n: int, k: int, m: int, after: b
             else:
                 qb = _operand(b, fmt, Operand.WEIGHT)
         y = scaled_mm._mm(qa, qb, out_dtype=out_dtype, fast_accum=after and scaled_mm.fast_accum_for(
-            fmt, *scaled_mm.OPERAND_PAIRS[("fprop", "dgrad", "wgrad").index(gemm)]))
+            fmt, *scaled_mm_rules.OPERAND_PAIRS[("fprop", "dgrad", "wgrad").index(gemm)]))
         if gemm != "wgrad" and not after:
             y.to(torch.bfloat16)  # the cast of the fp32 output
     return mode.launches

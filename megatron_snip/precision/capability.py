@@ -1,4 +1,4 @@
-"""Which backend can run which format on which device - asked once, at start-up.
+"""Which backend can run which format on which GPU generation: the tables and the pure rules.
 
 A plan that asks for a format the chosen backend cannot run is an error that
 says why and how to get it, never a silent fallback (ARCHITECTURE.md).
@@ -24,10 +24,15 @@ Rules:
     our TE backend runs TE's recipes as TE defines them.
 
     When TE is importable its own availability check (``te.is_*_available``)
-    is consulted too, so driver/cuBLAS limits surface with TE's reason.
+    is consulted too (on the device, by ``backends/support.check``), so driver/cuBLAS
+    limits surface with TE's reason.
 
-``check`` asks about this process's device (start-up); ``check_gpu_type`` asks the
-same rules about a GPU type from ``GPUS`` without one (the dry run, ``sizing/``).
+This module probes nothing: ``check_gpu_type`` applies the rules to a GPU type from ``GPUS``
+without one (the dry run, ``sizing/``), ``runs_native`` / ``gemm_time_costs`` price GEMMs on a
+compute capability. ``precision/backends/support.py`` (``check``, ``require``) applies them to
+this process's device at start-up, with the probes that need the backends' code (the scaled-mm
+probe, TE's import and availability checks). Imports: ``formats``, ``gemm_shapes`` and
+``scaled_mm_rules`` only, so every backend may import it.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ from dataclasses import dataclass
 import torch
 
 from megatron_snip.precision.formats import FORMATS, get_format
+from megatron_snip.precision.gemm_shapes import gemm_operands
+from megatron_snip.precision.scaled_mm_rules import scaled_mm_expected_on, scaled_mm_shape_error
 
 __all__ = [
     "ARCH_NAMES",
@@ -52,12 +59,10 @@ __all__ = [
     "Capability",
     "GpuSpec",
     "arch_of",
-    "check",
     "check_gpu_type",
-    "device_compute_capability",
+    "check_names",
     "gemm_time_costs",
     "peak_bf16_tflops",
-    "require",
     "runs_native",
 ]
 
@@ -80,14 +85,6 @@ TE_MIN_COMPUTE_CAPABILITY: dict[str, tuple[int, int] | None] = {
     "fp4_block": None,
 }
 assert set(TE_MIN_COMPUTE_CAPABILITY) == set(FORMATS)
-
-# TE's own availability functions per format (public API of transformer_engine.pytorch, TE >= 2.x).
-_TE_AVAILABILITY_FN: dict[str, str] = {
-    "fp8": "is_fp8_available",
-    "fp8_block": "is_fp8_block_scaling_available",
-    "mxfp8": "is_mxfp8_available",
-    "nvfp4": "is_nvfp4_available",
-}
 
 ARCH_NAMES = {(8, 0): "Ampere", (8, 9): "Ada", (9, 0): "Hopper", (10, 0): "Blackwell"}
 
@@ -187,12 +184,10 @@ ASSUMED_CUDA = "12.9"
 def runs_native(backend: str, fmt: str, sm: tuple[int, int]) -> bool:
     """Does ``backend`` run ``fmt``'s GEMMs on tensor cores (not emulated) on a GPU of compute capability
     ``sm``? The compute-capability rules of ``check_gpu_type`` (no probe of a real device)."""
-    _check_names(backend, fmt)
+    check_names(backend, fmt)
     if fmt == "bf16":
         return True
     if backend == "torch":
-        from megatron_snip.precision.backends.scaled_mm import scaled_mm_expected_on
-
         native = scaled_mm_expected_on(fmt, sm, cuda=ASSUMED_CUDA)[0]
     elif backend == "te":
         need = TE_MIN_COMPUTE_CAPABILITY.get(fmt)
@@ -224,9 +219,6 @@ def gemm_runs_native(backend: str, fmt: str, sm: tuple[int, int], gemm: str, n: 
         return False
     if backend != "torch" or fmt == "bf16":
         return True
-    from megatron_snip.precision.backends.scaled_mm import scaled_mm_shape_error
-    from megatron_snip.precision.gemm_shapes import gemm_operands
-
     (_, a_kind, a_shape), (_, b_kind, b_shape) = gemm_operands(gemm, n, k, tokens)
     return scaled_mm_shape_error(fmt, a_shape, a_kind, b_shape, b_kind, torch.device("cuda")) is None
 
@@ -240,14 +232,6 @@ def gemm_time_cost(backend: str, fmt: str, sm: tuple[int, int], gemm: str, n: in
     return emulated_gemm_time_ratio(sm)
 
 
-def device_compute_capability(device: torch.device | str | None = None) -> tuple[int, int] | None:
-    """Compute capability of ``device`` (default: the current CUDA device); None without CUDA."""
-    if not _cuda_available():
-        return None
-    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-    return _compute_capability(dev) if dev.type == "cuda" else None
-
-
 @dataclass(frozen=True)
 class Capability:
     """Whether a backend can run a format here, and if not, why."""
@@ -259,122 +243,25 @@ class Capability:
         return self.ok
 
 
-# --- probes (module-level so tests can substitute them) ----------------------
-def _te_import_error() -> str | None:
-    """None if ``transformer_engine.pytorch`` imports, else the error text."""
-    try:
-        import transformer_engine.pytorch  # noqa: F401
-    except Exception as e:  # noqa: BLE001 - ImportError, or a CUDA/driver error raised at import
-        return f"{type(e).__name__}: {e}"
-    return None
-
-
-def _cuda_available() -> bool:
-    return torch.cuda.is_available()
-
-
-def _compute_capability(device: torch.device) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)
-
-
-def _te_reports(fmt: str) -> tuple[bool, str] | None:
-    """TE's own verdict for ``fmt`` if this TE version exposes one, else None."""
-    name = _TE_AVAILABILITY_FN.get(fmt)
-    if name is None:
-        return None
-    import transformer_engine.pytorch as te
-
-    fn = getattr(te, name, None)
-    if fn is None:
-        return None
-    try:
-        result = fn(return_reason=True)
-    except TypeError:  # older signature without return_reason
-        return (bool(fn()), "")
-    if isinstance(result, tuple):
-        return bool(result[0]), str(result[1])
-    return bool(result), ""
-
-
-# --- public -------------------------------------------------------------------
-def _check_names(backend: str, fmt: str) -> None:
+def check_names(backend: str, fmt: str) -> None:
+    """ValueError unless ``backend`` is one of ``BACKENDS`` and ``fmt`` a format name (bad input)."""
     if backend not in BACKENDS:
         raise ValueError(f"precision.backend={backend!r} is not one of {BACKENDS}")
     get_format(fmt)  # ValueError naming the formats
 
 
-def _torch_backend_capability(fmt: str, device: torch.device | str | None) -> Capability:
-    """The torch backend runs every format; the reason says which GEMMs are real scaled-mm ones."""
-    if fmt == "bf16":
-        return Capability(True, "bf16 GEMMs run unquantized")
-    from megatron_snip.precision.backends.scaled_mm import OPERAND_PAIRS, scaled_mm_support
-
-    dev = torch.device(device) if device is not None else (
-        torch.device("cuda", torch.cuda.current_device()) if _cuda_available() else torch.device("cpu"))
-    verdicts = [scaled_mm_support(fmt, dev, a, b) for a, b in OPERAND_PAIRS]
-    if all(ok for ok, _ in verdicts):
-        return Capability(True, f"{fmt}: real scaled-mm GEMMs on {dev} ({verdicts[0][1]})")
-    by_reason: dict[str, list[str]] = {}
-    for (a, b), (ok, reason) in zip(OPERAND_PAIRS, verdicts):
-        if not ok:
-            by_reason.setdefault(reason, []).append(f"{a.value} x {b.value}")
-    failed = "; ".join(f"{', '.join(pairs)}: {reason}" for reason, pairs in by_reason.items())
-    return Capability(True, f"{fmt} on {dev}: emulated GEMM fallback for {failed}")
-
-
-def check(backend: str, fmt: str, device: torch.device | str | None = None) -> Capability:
-    """Can ``backend`` run GEMMs in ``fmt`` on ``device`` (default: the current CUDA device, or CPU)?
-
-    Raises ValueError for an unknown backend or format name (bad input, not a capability).
-    """
-    _check_names(backend, fmt)
-    if backend == "emulated":
-        return Capability(True, "emulated quantizers run every format on every device")
-    if backend == "torch":
-        return _torch_backend_capability(fmt, device)
-
-    if fmt not in TE_MIN_COMPUTE_CAPABILITY:  # a recipe variant (get_format accepted the name)
-        return Capability(False, f"{fmt} is a recipe variant; Transformer Engine runs its FP4 recipes only as "
-                                 f"TE defines them, so {fmt} runs only emulated")
-    need = TE_MIN_COMPUTE_CAPABILITY[fmt]
-    if need is None:
-        return Capability(False, f"Transformer Engine has no {fmt} recipe; {fmt} runs only emulated")
-    err = _te_import_error()
-    if err is not None:
-        return Capability(False, f"transformer_engine not importable: {err}")
-    if not _cuda_available():
-        return Capability(False, "CUDA not available (Transformer Engine runs on NVIDIA GPUs only)")
-    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-    if dev.type != "cuda":
-        return Capability(False, f"Transformer Engine runs on CUDA devices, not {dev}")
-    have = _compute_capability(dev)
-    if have < need:
-        arch = ARCH_NAMES.get(need, "")
-        return Capability(
-            False,
-            f"{fmt} in Transformer Engine needs compute capability >= {need[0]}.{need[1]}"
-            f"{f' ({arch})' if arch else ''}; {dev} has {have[0]}.{have[1]}",
-        )
-    verdict = _te_reports(fmt)
-    if verdict is not None and not verdict[0]:
-        return Capability(False, f"Transformer Engine reports {fmt} unavailable: {verdict[1] or 'no reason given'}")
-    return Capability(True, f"{fmt} via Transformer Engine on {dev} (compute capability {have[0]}.{have[1]})")
-
-
 def check_gpu_type(backend: str, fmt: str, gpu: GpuSpec) -> Capability:
     """Can ``backend`` run ``fmt`` on a ``gpu`` of this type? The compute-capability rules of
-    ``check`` for a GPU that is not here (no TE import, driver or TE verdict to consult).
+    ``backends/support.check`` for a GPU that is not here (no TE import, driver or TE verdict to consult).
 
     Raises ValueError for an unknown backend or format name.
     """
-    _check_names(backend, fmt)
+    check_names(backend, fmt)
     if backend == "emulated":
         return Capability(True, "emulated (reference quantize-dequantize, BF16/FP32 GEMMs: runs anywhere, no speed-up)")
     if backend == "torch":  # every format runs; the FP8 ones as real scaled-mm GEMMs where the GPU has them
         if fmt == "bf16":
             return Capability(True, "bf16 GEMMs run unquantized")
-        from megatron_snip.precision.backends.scaled_mm import scaled_mm_expected_on
-
         real, why = scaled_mm_expected_on(fmt, gpu.sm, cuda=ASSUMED_CUDA)
         return Capability(True, f"torch scaled-mm on {gpu.name}" if real
                           else f"torch backend, emulated GEMM for this format ({why})")
@@ -388,20 +275,3 @@ def check_gpu_type(backend: str, fmt: str, gpu: GpuSpec) -> Capability:
                              "precision.backend='emulated'")
 
 
-def require(backend: str, formats: Iterable[str], device: torch.device | str | None = None) -> None:
-    """Raise ValueError unless ``backend`` can run every format in ``formats`` on ``device``.
-
-    The message lists each failing format with its reason and the fix.
-    """
-    failures = {}
-    for fmt in sorted(set(formats)):
-        cap = check(backend, fmt, device)
-        if not cap.ok:
-            failures[fmt] = cap.reason
-    if failures:
-        lines = "; ".join(f"{f}: {r}" for f, r in failures.items())
-        raise ValueError(
-            f"precision.backend={backend!r} cannot run the plan's format(s) {sorted(failures)} - {lines}. "
-            'Fix: set precision.backend="emulated" (runs every format, quantize-dequantize in PyTorch), '
-            "or choose formats this device supports."
-        )

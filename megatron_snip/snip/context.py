@@ -21,6 +21,7 @@ from typing import Any
 from megatron_snip.config import SnipConfig, parse_time_costs
 from megatron_snip.parallel.topology import stage_of_layer
 from megatron_snip.precision import capability
+from megatron_snip.precision.backends import support
 from megatron_snip.precision.formats import FP4_FORMATS
 from megatron_snip.precision.plan import LINEARS, GemmId
 from megatron_snip.snip import problem
@@ -202,7 +203,7 @@ def run_time_costs(snip: SnipConfig, backend: str, sm: tuple[int, int] | None = 
     if given:
         return given
     if sm is None:
-        sm = capability.device_compute_capability()
+        sm = support.device_compute_capability()
     if sm is None:
         raise ValueError(
             f"config snip.target={snip.target!r} needs the GEMM time costs of the target GPU, but this run has no "

@@ -14,7 +14,7 @@ from megatron_snip.data.pipeline import DataBundle, build_data
 from megatron_snip.parallel import comm
 from megatron_snip.parallel.topology import ParallelTopology
 from megatron_snip.precision.backends import Backend, get_backend
-from megatron_snip.precision.capability import require
+from megatron_snip.precision.backends.support import require
 from megatron_snip.precision.plan import GemmId, PrecisionPlan
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from megatron_snip.precision.backends import get_backend
-from megatron_snip.precision.capability import check
+from megatron_snip.precision.backends.support import check
 from megatron_snip.precision.plan import GemmPrecision
 
 pytestmark = pytest.mark.skipif(

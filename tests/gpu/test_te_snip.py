@@ -15,7 +15,7 @@ import math
 import pytest
 
 from megatron_snip.config import load_config
-from megatron_snip.precision.capability import check
+from megatron_snip.precision.backends.support import check
 from megatron_snip.snip.controller import SnipController
 from megatron_snip.training.trainer import Trainer
 

@@ -15,7 +15,6 @@ import torch
 
 from megatron_snip.precision.backends import get_backend
 from megatron_snip.precision.backends.scaled_mm import (
-    OPERAND_PAIRS,
     accumulation_tolerance,
     fast_accum_for,
     gemm_error,
@@ -27,6 +26,7 @@ from megatron_snip.precision.formats import Operand
 from megatron_snip.precision.plan import GemmPrecision
 from megatron_snip.precision.quantize import quantize
 from megatron_snip.precision.quantize.scaled import SCALED_FORMATS, dequantize, quantize_scaled
+from megatron_snip.precision.scaled_mm_rules import OPERAND_PAIRS
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
 

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from megatron_snip.precision import capability
-from megatron_snip.precision.backends import Backend, get_backend
+from megatron_snip.precision.backends import Backend, get_backend, support
+from megatron_snip.precision.backends.support import check, require
 from megatron_snip.precision.backends.te import make_recipe, uniform_format
-from megatron_snip.precision.capability import Capability, check, require
+from megatron_snip.precision.capability import Capability
 from megatron_snip.precision.formats import FORMATS
 from megatron_snip.precision.gemm import quant_linear
 from megatron_snip.precision.plan import GemmPrecision
@@ -27,7 +28,7 @@ def test_emulated_runs_everything_everywhere():
 
 def test_te_unavailable_here_says_why():
     # This machine: no transformer_engine (or, if someone installed it, no CUDA).
-    if capability._te_import_error() is None and torch.cuda.is_available():
+    if support._te_import_error() is None and torch.cuda.is_available():
         pytest.skip("TE and CUDA present: covered by tests/gpu/test_te_backend.py")
     for fmt in ("bf16", "fp8", "nvfp4"):
         cap = check("te", fmt)
@@ -53,10 +54,10 @@ def test_bad_names_are_value_errors():
 def fake_gpu(monkeypatch):
     """Pretend TE imports and CUDA works, with a settable compute capability."""
     state = {"cc": (9, 0)}
-    monkeypatch.setattr(capability, "_te_import_error", lambda: None)
-    monkeypatch.setattr(capability, "_cuda_available", lambda: True)
-    monkeypatch.setattr(capability, "_compute_capability", lambda dev: state["cc"])
-    monkeypatch.setattr(capability, "_te_reports", lambda fmt: None)
+    monkeypatch.setattr(support, "_te_import_error", lambda: None)
+    monkeypatch.setattr(support, "_cuda_available", lambda: True)
+    monkeypatch.setattr(support, "_compute_capability", lambda dev: state["cc"])
+    monkeypatch.setattr(support, "_te_reports", lambda fmt: None)
     return state
 
 
@@ -87,7 +88,7 @@ def test_te_compute_capability_rules(fake_gpu, cc, ok):
 
 def test_te_own_verdict_is_reported(fake_gpu, monkeypatch):
     fake_gpu["cc"] = (10, 0)
-    monkeypatch.setattr(capability, "_te_reports", lambda fmt: (False, "cuBLASLt too old"))
+    monkeypatch.setattr(support, "_te_reports", lambda fmt: (False, "cuBLASLt too old"))
     cap = check("te", "nvfp4", "cuda:0")
     assert not cap and "cuBLASLt too old" in cap.reason
 
@@ -112,7 +113,6 @@ def test_capability_is_truthy():
 def test_emulated_backend_is_quant_linear():
     backend = get_backend("emulated")
     assert isinstance(backend, Backend) and backend.name == "emulated"
-    assert backend.supports("mxfp4") == (True, check("emulated", "mxfp4").reason)
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(32, 64, generator=g), torch.randn(48, 64, generator=g)
     p = GemmPrecision("nvfp4", "fp8", "mxfp8")

@@ -27,13 +27,13 @@ from megatron_snip.precision.backends.scaled_mm import (
     TorchBackend,
     accumulation_tolerance,
     fast_accum_for,
-    padded_scale_api,
 )
 from megatron_snip.precision.formats import Operand
 from megatron_snip.precision.gemm import emulated_gemm
 from megatron_snip.precision.plan import GemmPrecision
 from megatron_snip.precision.quantize.blocks import tensor_amax
 from megatron_snip.precision.quantize.scaled import dequantize, quantize_scaled
+from megatron_snip.precision.scaled_mm_rules import OPERAND_PAIRS, padded_scale_api, scaled_mm_shape_error
 from megatron_snip.precision.weight_copies import WeightCopy
 
 CPU_FP8 = scaled_mm.scaled_mm_support("fp8", "cpu", cpu_reference=True)[0]
@@ -107,7 +107,7 @@ def block_support(monkeypatch):
 @needs_cpu_fp8
 def test_fp8_calls_write_the_activation_dtype_with_fast_accum_for_fprop_only(monkeypatch):
     scaled_mm.scaled_mm_support("fp8", "cpu", cpu_reference=True)  # the probe before the recorder
-    for a, b in scaled_mm.OPERAND_PAIRS:
+    for a, b in OPERAND_PAIRS:
         scaled_mm.scaled_mm_support("fp8", "cpu", a, b, cpu_reference=True)
     rec = _Calls(monkeypatch)
     backend = TorchBackend(cpu_reference=True)
@@ -179,8 +179,8 @@ def test_without_the_padded_api_it_falls_back_with_the_reason(monkeypatch):
     monkeypatch.delattr(F, "scaled_mm")
     ok, why = padded_scale_api()
     assert not ok and "torch.nn.functional.scaled_mm" in why
-    err = scaled_mm.scaled_mm_shape_error("fp8_block", (256, 1280), Operand.GRADIENT, (256, 1280), Operand.WEIGHT,
-                                          torch.device("cuda"))
+    err = scaled_mm_shape_error("fp8_block", (256, 1280), Operand.GRADIENT, (256, 1280), Operand.WEIGHT,
+                                torch.device("cuda"))
     assert err and "multiple of 4" in err and why in err
 
 

@@ -16,6 +16,7 @@ from megatron_snip.config import SnipConfig, load_config
 from megatron_snip.model import shapes as model_shapes
 from megatron_snip.parallel.topology import stage_of_layer
 from megatron_snip.precision import capability
+from megatron_snip.precision.backends import support
 from megatron_snip.precision.plan import GemmId, all_gemm_ids
 from megatron_snip.snip import ilp
 from megatron_snip.snip.policies import PlanContext, make_plan, policy_costs
@@ -73,8 +74,8 @@ def test_the_shape_rule_prices_each_gemm():
     """torch backend, fp8_block, 70B at TP=8 on H100: qkv's dgrad has K = 1280 (K/128 = 10, not a
     multiple of 4: cuBLAS's 128x128 scale padding), so it runs emulated and is priced so; every
     other GEMM runs the scaled-mm at the datasheet ratio. Checked against the shape rule itself."""
-    from megatron_snip.precision.backends.scaled_mm import scaled_mm_shape_error
     from megatron_snip.precision.gemm_shapes import gemm_operands
+    from megatron_snip.precision.scaled_mm_rules import scaled_mm_shape_error
     from megatron_snip.sizing import dry_run_report, estimate
     from megatron_snip.sizing.gemm_time import GemmPrices
 
@@ -195,7 +196,7 @@ def test_config_target_and_run_time_costs():
     # Without time costs the target GPU's table is used; a CPU run has none: a clear error.
     bare = SnipConfig(target="gemm_time", formats=("bf16", "fp8"), time_budget=0.6)
     assert dict(PlanContext.for_run(bare, NUM_LAYERS, NUMEL, 1, backend="torch", sm=H100).time_cost) == HOPPER
-    if capability.device_compute_capability() is None:
+    if support.device_compute_capability() is None:
         with pytest.raises(ValueError, match="snip.time_costs"):
             PlanContext.for_run(bare, NUM_LAYERS, NUMEL, 1)
     both = SnipConfig(target="both", formats=("fp8", "nvfp4"), fp4_target=0.5, time_budget=0.4)

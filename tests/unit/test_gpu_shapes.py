@@ -20,10 +20,11 @@ import torch
 
 from megatron_snip.config import load_config
 from megatron_snip.model.shapes import model_linear_shapes
-from megatron_snip.precision.backends.scaled_mm import SCALED_FORMATS, scaled_mm_expected_on, scaled_mm_shape_error
+from megatron_snip.precision.backends.scaled_mm import SCALED_FORMATS
 from megatron_snip.precision.backends.te import input_dtype_error, setting_problems
 from megatron_snip.precision.formats import get_format
 from megatron_snip.precision.gemm_shapes import GEMM_OPERANDS, gemm_shape_error
+from megatron_snip.precision.scaled_mm_rules import scaled_mm_expected_on, scaled_mm_shape_error
 from megatron_snip.training.resolve import resolve_autocast_dtype
 
 ROOT = Path(__file__).resolve().parents[2]

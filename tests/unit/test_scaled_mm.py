@@ -20,13 +20,14 @@ import torch
 
 from megatron_snip.precision import fallbacks
 from megatron_snip.precision.backends import get_backend
-from megatron_snip.precision.backends.scaled_mm import CPU_REASON, OPERAND_PAIRS, ScaledMMGemm, scaled_mm_support
-from megatron_snip.precision.capability import check
+from megatron_snip.precision.backends.scaled_mm import CPU_REASON, ScaledMMGemm, scaled_mm_support
+from megatron_snip.precision.backends.support import check
 from megatron_snip.precision.formats import Operand
 from megatron_snip.precision.gemm import emulated_gemm
 from megatron_snip.precision.plan import GemmPrecision
 from megatron_snip.precision.quantize import quantize
 from megatron_snip.precision.quantize.scaled import SCALED_FORMATS, dequantize, quantize_scaled
+from megatron_snip.precision.scaled_mm_rules import OPERAND_PAIRS
 
 CPU_FP8 = scaled_mm_support("fp8", "cpu", cpu_reference=True)[0]
 needs_cpu_fp8 = pytest.mark.skipif(not CPU_FP8, reason=f"this torch has no CPU FP8 scaled-mm: "

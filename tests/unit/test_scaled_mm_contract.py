@@ -23,17 +23,15 @@ import pytest
 import torch
 
 from megatron_snip.precision.backends import scaled_mm
-from megatron_snip.precision.backends.scaled_mm import (
+from megatron_snip.precision.backends.scaled_mm import _mm, _probe, accumulation_tolerance, gemm_error
+from megatron_snip.precision.formats import Operand
+from megatron_snip.precision.quantize.scaled import ScaledOperand, dequantize, quantize_scaled
+from megatron_snip.precision.scaled_mm_rules import (
     OPERAND_PAIRS,
-    _mm,
-    _probe,
-    accumulation_tolerance,
-    gemm_error,
+    padded_scale_api,
     scaled_mm_expected_on,
     scaled_mm_shape_error,
 )
-from megatron_snip.precision.formats import Operand
-from megatron_snip.precision.quantize.scaled import ScaledOperand, dequantize, quantize_scaled
 
 SHAPES = [(256, 512, 384), (128, 1024, 256), (384, 512, 512)]  # (M, K, N): N != K, N == K, M != 128
 
@@ -138,7 +136,7 @@ def test_shape_rules_for_cublas():
     assert err and "multiple of 4" in err and "1280" in err
     assert scaled_mm_shape_error("fp8_block", (256, 1280), act, (384, 1280), wt, cuda, padded_scales=True) is None
     assert (scaled_mm_shape_error("fp8_block", (256, 1280), act, (384, 1280), wt, cuda) is None) \
-        == scaled_mm.padded_scale_api()[0]  # detected from this torch's F.scaled_mm signature
+        == padded_scale_api()[0]  # detected from this torch's F.scaled_mm signature
     assert scaled_mm_shape_error("fp8_block", (256, 1280), act, (384, 1280), act, cuda) is None  # 1x128 only
     assert scaled_mm_shape_error("fp8", (256, 1280), act, (384, 1280), wt, cuda) is None
     assert "multiples of 16" in scaled_mm_shape_error("fp8", (256, 40), act, (384, 40), wt, cuda)

@@ -150,6 +150,7 @@ def test_nvfp4_needs_bf16_inputs(fake_te):
 
 def test_per_gemm_plans_refused_at_start_up(fake_te, monkeypatch, small_overrides):
     from megatron_snip.config import load_config
+    from megatron_snip.training import resolve as resolve_mod
     from megatron_snip.training import trainer as trainer_mod
 
     entries = {g: "bf16" for g in all_gemm_ids(2)}
@@ -160,7 +161,7 @@ def test_per_gemm_plans_refused_at_start_up(fake_te, monkeypatch, small_override
 
     # Through the trainer: the capability table would refuse te on CPU first; bypass it so the
     # start-up check of the TE backend itself is what answers.
-    monkeypatch.setattr(trainer_mod, "require", lambda *a, **k: None)
+    monkeypatch.setattr(resolve_mod, "require", lambda *a, **k: None)
     cfg = load_config("launch/configs/tiny.toml", small_overrides + [
         "precision.backend=te", "snip.enabled=true", "snip.granularity=gemm", 'snip.formats=["bf16", "fp8"]',
         "snip.fp4_target=0.0"])
@@ -172,12 +173,13 @@ def test_per_gemm_plans_refused_at_start_up(fake_te, monkeypatch, small_override
 def test_trainer_applies_tp_amax_to_the_model_and_te(fake_te, monkeypatch, small_overrides):
     from megatron_snip.config import load_config
     from megatron_snip.model.llama import LlamaModel
+    from megatron_snip.training import resolve as resolve_mod
     from megatron_snip.training import trainer as trainer_mod
 
     modes = []
     real = LlamaModel.set_tp_amax
     monkeypatch.setattr(LlamaModel, "set_tp_amax", lambda self, mode: modes.append(mode) or real(self, mode))
-    monkeypatch.setattr(trainer_mod, "require", lambda *a, **k: None)  # TE's capability table: not on CPU
+    monkeypatch.setattr(resolve_mod, "require", lambda *a, **k: None)  # TE's capability table: not on CPU
     cfg = load_config("launch/configs/tiny.toml", small_overrides + ["precision.backend=te", "precision.tp_amax=shard"])
     t = trainer_mod.Trainer(cfg)
     assert modes == ["shard"]

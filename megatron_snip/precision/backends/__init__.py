@@ -1,67 +1,30 @@
-"""GEMM backends: one interface, chosen by ``precision.backend``.
+"""GEMM backends: one interface (``base.Backend``), chosen by ``precision.backend``.
 
 * ``emulated`` - ``gemm.quant_linear``: quantize-dequantize in PyTorch, fp32
   GEMMs; runs every format everywhere (the reference).
 * ``torch`` - the same autograd function with real FP8 GEMMs through PyTorch's
   scaled-mm per GEMM (``scaled_mm.py``), other formats emulated (recorded);
 * ``te`` - Transformer Engine modules with a per-format recipe; needs CUDA and
-  the GPU generation each recipe targets (see ``capability.py``).
+  the GPU generation each recipe targets (the table in ``precision/capability.py``).
 
-Pick one with ``get_backend(name)``; validate the plan's formats at start-up
-with ``capability.require(name, formats, device)``.
+Pick one with ``get_backend(name)``; validate the plan's formats at start-up with
+``support.require(name, formats, device)`` (``support.py``: the verdicts that probe this
+device - the scaled-mm probe, TE's import - above the backends' code; ``capability.py`` holds
+the pure tables and rules below them).
+
+Imports: the modules of ``precision`` below it (``capability``, ``scaled_mm_rules``, ``gemm``,
+``plan``, ``formats``, ``quantize``, ``fallbacks``). The submodules import one another one way -
+``emulated`` and ``scaled_mm`` import ``base``; ``support`` imports ``scaled_mm`` (its probe);
+``te`` imports ``base`` and ``support`` - and never this ``__init__``, which re-exports ``Backend``
+for callers and builds the backends lazily in ``get_backend``.
 """
 
 from __future__ import annotations
 
-import abc
-from collections.abc import Callable
-from typing import TYPE_CHECKING
-
-import torch
-
-from megatron_snip.precision.capability import BACKENDS, check
-from megatron_snip.precision.plan import GemmPrecision
-
-if TYPE_CHECKING:
-    from megatron_snip.precision.gemm import AmaxReducers
+from megatron_snip.precision.backends.base import Backend
+from megatron_snip.precision.capability import BACKENDS
 
 __all__ = ["BACKENDS", "Backend", "get_backend"]
-
-
-class Backend(abc.ABC):
-    """Runs a bias-free linear layer Y = X·Wᵀ with a per-GEMM ``GemmPrecision``."""
-
-    name: str
-    # Can a graph through ``linear`` be back-propagated more than once (``retain_graph=True``)?
-    # The SNIP propagation pass takes many vector-Jacobian products on one forward when it can.
-    repeatable_backward: bool = False
-
-    def supports(self, fmt: str, device: torch.device | str | None = None) -> tuple[bool, str]:
-        """(ok, reason): can this backend run GEMMs in ``fmt`` on ``device``?"""
-        cap = check(self.name, fmt, device)
-        return cap.ok, cap.reason
-
-    def end_step(self) -> None:
-        """A step's forward/backward scope closed (``LlamaModel.weight_copies_for_step``), before any
-        optimizer step: drop whatever was kept for the step's micro-batches (quantized weights)."""
-
-    @abc.abstractmethod
-    def linear(
-        self,
-        x: torch.Tensor,
-        weight: torch.Tensor,
-        precision: GemmPrecision,
-        *,
-        amax_reduce: AmaxReducers | Callable[[torch.Tensor], torch.Tensor] | None = None,
-        generator: torch.Generator | None = None,
-        is_first_microbatch: bool | None = None,
-    ) -> torch.Tensor:
-        """x (..., K), weight (N, K) -> (..., N) in x's dtype, differentiable w.r.t. both.
-
-        ``amax_reduce``: per-operand amax reductions (``gemm.AmaxReducers``; one callable: every
-        operand). ``is_first_microbatch``: TE's weight-cache hint (``WeightCopy.first_microbatch``):
-        None = quantize the weight afresh, True = quantize and keep it, False = reuse the kept one
-        (the weight has not changed since); backends that quantize per call ignore it."""
 
 
 def get_backend(name: str, **options: object) -> Backend:

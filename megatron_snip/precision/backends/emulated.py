@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from megatron_snip.precision.backends import Backend
+from megatron_snip.precision.backends.base import Backend
 from megatron_snip.precision.gemm import AmaxReducers, quant_linear
 from megatron_snip.precision.plan import GemmPrecision
 

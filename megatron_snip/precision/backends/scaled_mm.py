@@ -27,43 +27,37 @@ Which scalings a torch build runs is probed, not assumed: the first GEMM of each
 operand pair) on a device runs a 256x512x384 scaled-mm against the exact product of its
 operands (``scaled_mm_support``); what fails or disagrees falls back with the reason.
 ``scaled_mm_expected`` says where PyTorch documents a scaled-mm, so that a device check can
-tell a fallback there from an unsupported device. On CPU the backend runs the emulated GEMM
-(``CPU_REASON``): CPU's scaled-mm is a slow reference, used by numerics tests only
+tell a fallback there from an unsupported device. The pure rules applied here (operand pairs, the
+shape rule, what each GPU generation runs) live in ``precision/scaled_mm_rules.py``. On CPU the
+backend runs the emulated GEMM (``CPU_REASON``): CPU's scaled-mm is a slow reference, used by numerics tests only
 (``cpu_reference=True``; torch 2.13 runs tensor-wise fp8 there and refuses block scales).
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from megatron_snip.precision import fallbacks
-from megatron_snip.precision.backends import Backend
+from megatron_snip.precision.backends.base import Backend
 from megatron_snip.precision.backends.weight_operands import WeightOperands, WeightSlot
 from megatron_snip.precision.formats import Operand, get_format
 from megatron_snip.precision.gemm import AmaxReducers, GemmAmaxReduce, emulated_gemm, operand_reducers, quant_linear
 from megatron_snip.precision.plan import GemmPrecision
 from megatron_snip.precision.quantize.scaled import SCALED_FORMATS, ScaledOperand, dequantize, quantize_scaled
+from megatron_snip.precision.scaled_mm_rules import needs_padded_scales, scaled_mm_expected_on, scaled_mm_shape_error
 
 __all__ = [
     "ACCUMULATION_BITS", "CPU_REASON", "GAUSSIAN_RHO", "SCALED_FORMATS", "ScaledMMGemm", "TorchBackend",
-    "accumulation_tolerance", "fast_accum_for", "gemm_error", "magnitude_ratio", "padded_scale_api",
-    "scaled_mm_expected", "scaled_mm_expected_on", "scaled_mm_shape_error", "scaled_mm_support",
+    "accumulation_tolerance", "fast_accum_for", "gemm_error", "magnitude_ratio", "scaled_mm_expected",
+    "scaled_mm_support",
 ]
 
 AmaxReduce = Callable[[torch.Tensor], torch.Tensor]
-
-# The operand pairs (a, b) of a·bᵀ each GEMM presents (gemm.py): fprop X·Wᵀ, dgrad dY·(Wᵀ)ᵀ, wgrad dYᵀ·(Xᵀ)ᵀ.
-OPERAND_PAIRS: tuple[tuple[Operand, Operand], ...] = (
-    (Operand.ACTIVATION, Operand.WEIGHT),
-    (Operand.GRADIENT, Operand.WEIGHT),
-    (Operand.GRADIENT, Operand.ACTIVATION),
-)
 
 
 def _device_key(device: torch.device) -> str:
@@ -100,40 +94,6 @@ def fast_accum_for(fmt: str, a_kind: Operand, b_kind: Operand) -> bool:
     return fmt == "fp8" and (a_kind, b_kind) == (Operand.ACTIVATION, Operand.WEIGHT)
 
 
-def padded_scale_api() -> tuple[bool, str]:
-    """(available, why): does this torch have the scaled-mm entry point that takes padded 128x128 scales?
-
-    Detected by signature, never by version string: ``torch.nn.functional.scaled_mm`` with
-    per-operand scale recipes (``scale_recipe_a``/``scale_recipe_b``), ``output_dtype`` and
-    ``use_fast_accum``, and ``ScalingType.BlockWise1x128``/``BlockWise128x128``. Its meta
-    registration (``_check_sizes_v2`` in torch/_meta_registrations.py) and PyTorch's own
-    test_scaled_mm_block_wise_numerics (K = 1280) take 128x128 scales as (L4, rows/128) with
-    strides (1, L4), L4 = K/128 rounded up to a multiple of 4: cuBLAS's 16-byte padding."""
-    fn, types = getattr(F, "scaled_mm", None), getattr(F, "ScalingType", None)
-    if fn is None or types is None:
-        return False, "this torch has no torch.nn.functional.scaled_mm (the scaled-mm API that takes padded scales)"
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError) as e:
-        return False, f"torch.nn.functional.scaled_mm has no readable signature ({e})"
-    missing = [p for p in ("scale_recipe_a", "scale_recipe_b", "output_dtype", "use_fast_accum") if p not in params]
-    missing += [t for t in ("BlockWise1x128", "BlockWise128x128") if not hasattr(types, t)]
-    if missing:
-        return False, f"torch.nn.functional.scaled_mm lacks {', '.join(missing)}"
-    return True, "torch.nn.functional.scaled_mm takes padded 128x128 block scales"
-
-
-def _needs_padding(fmt: str, a_shape: Sequence[int], a_kind: Operand, b_shape: Sequence[int],
-                   b_kind: Operand) -> bool:
-    """Does a·bᵀ have a 128x128-scaled operand of more than one block row with K/128 not a multiple of 4?
-    Only such a GEMM needs cuBLAS's padded scale layout, which ``torch._scaled_mm`` cannot express."""
-    if fmt != "fp8_block":
-        return False
-    spec, k = get_format(fmt), a_shape[1]
-    return any(spec.block_for(kind)[0] > 1 and rows // 128 > 1 and (k // 128) % 4
-               for rows, kind in ((a_shape[0], a_kind), (b_shape[0], b_kind)))
-
-
 def _v2_scale(op: ScaledOperand) -> torch.Tensor:
     """``op``'s decode scales as ``F.scaled_mm`` takes them for ``op.elements`` (R, C), either operand:
     1x128 tiles (R, C/128) with strides (1, R); 128x128 blocks padded along C/128 to L4 (a multiple
@@ -165,7 +125,7 @@ def _mm(a: ScaledOperand, b: ScaledOperand, *, out_dtype: torch.dtype = torch.fl
     ``F.scaled_mm`` with padded scales instead (``padded_scale_api``, ``_v2_scale``); callers check
     ``scaled_mm_shape_error`` first, which refuses such a GEMM where that API is absent.
     """
-    if a.scale.dim() and _needs_padding("fp8_block", a.elements.shape, _kind_of(a), b.elements.shape, _kind_of(b)):
+    if a.scale.dim() and needs_padded_scales("fp8_block", a.elements.shape, _kind_of(a), b.elements.shape, _kind_of(b)):
         # (a block-scaled a means fp8_block: the formats here scale both operands alike)
         return F.scaled_mm(a.elements, b.elements.t(), _v2_scale(a), _v2_recipe(a), _v2_scale(b), _v2_recipe(b),
                            output_dtype=out_dtype, use_fast_accum=fast_accum)
@@ -174,35 +134,8 @@ def _mm(a: ScaledOperand, b: ScaledOperand, *, out_dtype: torch.dtype = torch.fl
 
 
 def _kind_of(op: ScaledOperand) -> Operand:
-    """WEIGHT for 128x128 block scales, ACTIVATION for 1x128 tiles or a tensor scale (what ``_needs_padding`` asks)."""
+    """WEIGHT for 128x128 block scales, ACTIVATION for 1x128 tiles or a tensor scale (what ``needs_padded_scales`` asks)."""
     return Operand.WEIGHT if op.scale.dim() and op.scale.shape[0] != op.elements.shape[0] else Operand.ACTIVATION
-
-
-def scaled_mm_shape_error(fmt: str, a_shape: Sequence[int], a_kind: Operand, b_shape: Sequence[int], b_kind: Operand,
-                          device: torch.device, *, padded_scales: bool | None = None) -> str | None:
-    """Why cuBLAS's scaled-mm cannot take a·bᵀ for a (M, K), b (N, K) on ``device``; None if it can.
-
-    On CUDA: K and N must be multiples of 16 (``_scaled_mm``'s checks). For ``fp8_block``, cuBLAS
-    reads 128x128 block scales with their K/128 dim padded to a multiple of 4 (16 bytes: the
-    cuBLAS docs; PyTorch's test_scaled_mm_block_wise_numerics pads it for ``_scaled_mm_v2``),
-    while ``_scaled_mm``'s check accepts only the unpadded stride (K/128, 1): the two agree only
-    when K/128 is a multiple of 4 (or there is one block row). Where this torch has the API that
-    takes padded scales (``padded_scale_api``; ``padded_scales`` overrides the detection) such a
-    GEMM runs through it (the 70B qkv dgrad at TP=8, K = 1280; the 7B fc1 dgrad at TP=4, K = 5504).
-    """
-    if torch.device(device).type != "cuda":
-        return None
-    (m, k), (n, _) = a_shape, b_shape
-    if k % 16 or n % 16:
-        return f"cuBLAS FP8 GEMMs need the reduction and output dims to be multiples of 16, got a {tuple(a_shape)} " \
-               f"b {tuple(b_shape)}"
-    if _needs_padding(fmt, a_shape, a_kind, b_shape, b_kind):
-        padded, why = padded_scale_api() if padded_scales is None else (padded_scales, "padded_scales=False")
-        if not padded:
-            name, kind = ("a", a_kind) if get_format(fmt).block_for(a_kind)[0] > 1 and m // 128 > 1 else ("b", b_kind)
-            return (f"fp8_block 128x128 block scales of {name} ({kind.value}) need K/128 to be a multiple of 4 "
-                    f"(cuBLAS's 16-byte scale padding, which torch._scaled_mm cannot express; {why}), got K = {k}")
-    return None
 
 
 # --- the probe's tolerance: what FP8 tensor cores' accumulation gives ---------------------------------
@@ -325,7 +258,7 @@ def scaled_mm_support(fmt: str, device: torch.device | str, a_kind: Operand = Op
 
     Probed once per (format, operand pair, device, fast accumulation, padded scales) and cached for
     the process; the pair decides fast accumulation (``fast_accum_for``), ``padded`` asks about the
-    padded-scale API's GEMMs (``_needs_padding``). On CPU the answer is no (``CPU_REASON``,
+    padded-scale API's GEMMs (``needs_padded_scales``). On CPU the answer is no (``CPU_REASON``,
     recorded as a fallback the first time it is asked, i.e. at start-up) unless ``cpu_reference``
     asks for the CPU reference scaled-mm (numerics tests).
     """
@@ -358,24 +291,6 @@ def scaled_mm_expected(fmt: str, device: torch.device | str) -> tuple[bool, str]
     if device.type != "cuda":
         return False, f"no scaled-mm on {device.type}"
     return scaled_mm_expected_on(fmt, torch.cuda.get_device_capability(device), torch.version.cuda)
-
-
-def scaled_mm_expected_on(fmt: str, sm: tuple[int, int], cuda: str | None) -> tuple[bool, str]:
-    """``scaled_mm_expected`` for a GPU of compute capability ``sm`` and a torch built with CUDA ``cuda``.
-
-    From PyTorch's own checks (ScaledBlas.cpp): FP8 scaled-mm needs sm_89 or sm_90+
-    (``_scaled_mm_allowed_device``); the 1x128 / 128x128 block scalings ("DeepSeek style") run
-    on sm_90 only (``_check_deepseek_support``) with cuBLAS >= 12.9.
-    """
-    name = f"sm_{sm[0]}{sm[1]}"
-    if fmt == "fp8":
-        return sm >= (8, 9), f"FP8 scaled-mm needs sm_89 or sm_90+; this GPU is {name}"
-    if fmt != "fp8_block":
-        return False, f"no scaled-mm path for {fmt} in the torch backend"
-    if sm[0] != 9:
-        return False, f"PyTorch runs fp8_block (1x128/128x128) scaled-mm on sm_90 only; this GPU is {name}"
-    version = tuple(int(v) for v in (cuda or "0.0").split(".")[:2])
-    return version >= (12, 9), f"fp8_block scaled-mm needs cuBLAS >= 12.9; torch is built with CUDA {cuda}"
 
 
 class ScaledMMGemm:
@@ -411,7 +326,7 @@ class ScaledMMGemm:
         if ok:
             shape_error = scaled_mm_shape_error(fmt, a.shape, a_kind, b.shape, b_kind, a.device)
             ok, reason = shape_error is None, shape_error or reason
-        if ok and _needs_padding(fmt, a.shape, a_kind, b.shape, b_kind):
+        if ok and needs_padded_scales(fmt, a.shape, a_kind, b.shape, b_kind):
             padded = True  # only the padded-scale API runs it: probed on its own
             ok, reason = scaled_mm_support(fmt, a.device, a_kind, b_kind, cpu_reference=self.cpu_reference,
                                            padded=True)

@@ -70,7 +70,8 @@ from typing import Any
 
 import torch
 
-from megatron_snip.precision.backends import Backend
+from megatron_snip.precision.backends.base import Backend
+from megatron_snip.precision.backends.support import check
 from megatron_snip.precision.formats import get_format
 from megatron_snip.precision.gemm import AmaxReducers
 from megatron_snip.precision.plan import GemmPrecision, PrecisionPlan
@@ -218,6 +219,11 @@ class TEBackend(Backend):
         if fmt not in self._recipes:
             self._recipes[fmt] = make_recipe(fmt)
         return self._recipes[fmt]
+
+    def supports(self, fmt: str, device: torch.device | str | None = None) -> tuple[bool, str]:
+        """(ok, reason): can TE run GEMMs in ``fmt`` on ``device``? (``support.check``)"""
+        cap = check(self.name, fmt, device)
+        return cap.ok, cap.reason
 
     def _supports_once(self, fmt: str, device: torch.device) -> tuple[bool, str]:
         key = (fmt, str(device))
