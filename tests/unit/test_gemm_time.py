@@ -70,32 +70,42 @@ def test_time_table_datasheet_ratios_and_emulated_cost():
     assert capability.gemm_time_costs("torch", ["fp8"], (7, 0)) == {"bf16": 1.0, "fp8": 312.0 / 19.5}
 
 
-def test_the_shape_rule_prices_each_gemm():
+@pytest.mark.parametrize("padded_api", [False, True], ids=["torch without padded scales", "with them"])
+def test_the_shape_rule_prices_each_gemm(padded_api, monkeypatch):
     """torch backend, fp8_block, 70B at TP=8 on H100: qkv's dgrad has K = 1280 (K/128 = 10, not a
-    multiple of 4: cuBLAS's 128x128 scale padding), so it runs emulated and is priced so; every
-    other GEMM runs the scaled-mm at the datasheet ratio. Checked against the shape rule itself."""
+    multiple of 4: cuBLAS's 128x128 scale padding). On a torch without the padded-scale API
+    (``scaled_mm_rules.padded_scale_api``) it runs emulated and is priced so; with it, natively like
+    every other GEMM, at the datasheet ratio. Checked against the shape rule itself, whichever torch
+    this machine has (the model prices with the installed torch's API)."""
+    from megatron_snip.precision import scaled_mm_rules
     from megatron_snip.precision.gemm_shapes import gemm_operands
     from megatron_snip.precision.scaled_mm_rules import scaled_mm_shape_error
     from megatron_snip.sizing import dry_run_report, estimate
     from megatron_snip.sizing.gemm_time import GemmPrices
 
+    monkeypatch.setattr(scaled_mm_rules, "padded_scale_api", lambda: (padded_api, "as the test sets it"))
     cfg = load_config("launch/configs/llama_70b.toml", ['precision.backend="torch"'])
     sizing = estimate(cfg, 64, "h100")
     prices = GemmPrices(cfg, sizing, ["fp8_block"])
-    assert prices.emulated("fp8_block") == ["qkv.dgrad"]
+    assert prices.emulated("fp8_block") == ([] if padded_api else ["qkv.dgrad"])
     local = model_shapes.local_linear_shapes(model_shapes.model_linear_shapes(cfg.model), 8)
     tokens = cfg.training.micro_batch_size * cfg.training.seq_len
+    refusals = 0
     for lin in ("qkv", "proj", "fc1", "fc2"):
         for g in ("fprop", "dgrad", "wgrad"):
             (_, ak, a), (_, bk, b) = gemm_operands(g, *local[lin], tokens)
             refused = scaled_mm_shape_error("fp8_block", a, ak, b, bk, "cuda") is not None
+            refusals += refused
             assert prices.cost[("fp8_block", lin, g)] == (989.0 / 67.0 if refused else 0.5)
+    assert refusals == (0 if padded_api else 1)
     numel = model_shapes.linear_numel(model_shapes.model_linear_shapes(cfg.model))
-    expected = (sum(numel.values()) * 3 * 0.5 + numel["qkv"] * (989.0 / 67.0 - 0.5)) / (sum(numel.values()) * 3)
+    emulated_qkv = 0 if padded_api else numel["qkv"] * (989.0 / 67.0 - 0.5)
+    expected = (sum(numel.values()) * 3 * 0.5 + emulated_qkv) / (sum(numel.values()) * 3)
     assert prices.ratio("fp8_block") == pytest.approx(expected, rel=1e-12)
     text = dry_run_report(cfg, 64, "h100")
-    assert "fp8_block runs emulated for qkv.dgrad" in text
-    assert "cheapest achievable 0.549" in text  # qkv stays BF16: its three GEMMs together cost more in fp8_block
+    assert ("fp8_block runs emulated for qkv.dgrad" in text) == (not padded_api)
+    if not padded_api:
+        assert "cheapest achievable 0.549" in text  # qkv stays BF16: its three GEMMs together cost more in fp8_block
 
 
 # --------------------------------------------------------------------------------------
