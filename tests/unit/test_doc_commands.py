@@ -18,6 +18,7 @@ only if ``RETIRED`` names its successor, and the successor must exist.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
 import runpy
 import shlex
@@ -199,13 +200,12 @@ def test_command_names_an_entry_point_whose_flags_parse(where, argv, monkeypatch
     if kind == "retired":
         assert argv[0] not in {str(p.relative_to(REPO)) for p in (REPO / "scripts").iterdir()}, \
             f"{argv[0]} is listed as retired but exists"
-        kind = "module"
-        assert __import__("importlib").util.find_spec(target), f"{where}: successor {target} of {argv[0]}"
+        assert importlib.util.find_spec(target), f"{where}: successor {target} of {argv[0]}"
         return  # a record's flags are those of its time
     if kind == "module":
         if target in FOREIGN:
             return
-        assert __import__("importlib").util.find_spec(target), f"{where}: no module {target}"
+        assert importlib.util.find_spec(target), f"{where}: no module {target}"
     else:
         assert (REPO / target).is_file(), f"{where}: no script {target}"
     try:
