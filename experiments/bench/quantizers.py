@@ -14,6 +14,11 @@ shared machine; the median is printed next to it). Compile time is excluded (two
 calls per kernel first). ``--fwd-bwd`` also times one quant_linear forward+backward per
 format against the unquantized (bf16-format) path on fp32 tensors.
 
+``--sr-draws`` times, for every stochastically rounded operand (gradients), the compiled quantizer
+as shipped (the draws in a kernel of their own where ``compiled.draws_apart`` says so) against one
+compiled graph that makes the draws inside the block loop (``blocks._qdq`` with its seeds), in the
+same rounds, and checks that both give the same bits: the measurement behind ``draws_apart``.
+
 ``python -m experiments.bench.step`` prints the same operands' throughput in one mode after its
 training-step ratios (part (3) there).
 """
@@ -96,6 +101,45 @@ def print_eager_vs_compiled(formats: list[str], t: int, k: int, n: int, reps: in
     print(f"{'(memcpy)':10s} {'copy_ of X':20s} {'':20s} {x.numel() / best / 1e9:9.3f} ({x.numel() / med / 1e9:6.3f})")
 
 
+def _fused_template(p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    """``blocks._qdq`` with its seeds, the draws made inside the one compiled graph (``compiled._specialized`` binds the names)."""
+    return _QDQ(p, _SPEC, _OPERAND, _HADAMARD, _COLWISE, None, seeds)  # noqa: F821
+
+
+def print_sr_draws(formats: list[str], t: int, k: int, n: int, reps: int) -> None:
+    """Per stochastically rounded operand: the shipped compiled quantizer vs the draws fused into one graph."""
+    from megatron_snip.precision.quantize import blocks, compiled
+    from megatron_snip.precision.quantize.noise import draw_seeds
+
+    print(f"\nstochastically rounded operands of a {k}->{n} linear with {t} tokens: compiled as shipped "
+          f"(draws apart: compiled.draws_apart) vs the draws fused into the block loop; ms, median of {reps} alternating rounds")
+    print(f"{'format':10s} {'operand':20s} {'apart':>6s} {'shipped ms':>11s} {'fused ms':>9s} {'fused/shipped':>14s} bits")
+    for fmt in formats:
+        spec = get_format(fmt)
+        for name, operand, rht, x in linear_operands(fmt, t, k, n):
+            if not spec.stochastic_for(operand):
+                continue
+            colwise = not x.is_contiguous()  # a transposed view: quantize blocks its contiguous base colwise
+            p = x.t() if colwise else x
+            seeds = draw_seeds(torch.Generator().manual_seed(2), "cpu")
+            fused = torch.compile(compiled._specialized(_fused_template, f"fused_{fmt}_{name.split()[0]}", _QDQ=blocks._qdq,
+                                                        _SPEC=spec, _OPERAND=operand, _HADAMARD=rht, _COLWISE=colwise),
+                                  dynamic=False)
+            calls = {"shipped": lambda: compiled._run_qdq(p, spec, operand, rht, colwise, None, seeds, True),
+                     "fused": lambda: fused(p, seeds)}
+            same = torch.equal(calls["shipped"](), calls["fused"]())
+            times = {c: [] for c in calls}
+            for _ in range(2 + reps):
+                for c, fn in calls.items():
+                    t0 = time.perf_counter()
+                    fn()
+                    times[c].append(time.perf_counter() - t0)
+            shipped, fused_ms = (statistics.median(times[c][2:]) * 1e3 for c in ("shipped", "fused"))
+            apart = "yes" if compiled.draws_apart(spec, operand, colwise) else "no"
+            print(f"{fmt:10s} {name:20s} {apart:>6s} {shipped:11.2f} {fused_ms:9.2f} {fused_ms / shipped:13.1f}x "
+                  f"{'equal' if same else 'DIFFER'}", flush=True)
+
+
 def print_fwd_bwd(formats: list[str], t: int, k: int, n: int, reps: int) -> None:
     """One quant_linear forward+backward per format (compiled quantizers) vs the unquantized path."""
     g = torch.Generator().manual_seed(0)
@@ -137,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=10, help="timed calls per compiled measurement")
     ap.add_argument("--eager-reps", type=int, default=3, help="timed calls per eager measurement")
     ap.add_argument("--fwd-bwd", action="store_true", help="also time quant_linear forward+backward per format")
+    ap.add_argument("--sr-draws", action="store_true",
+                    help="only time the stochastically rounded operands: shipped vs draws fused into one graph")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch.set_num_threads (0: torch's default). On a shared, oversubscribed machine "
                          "1 thread gives stable numbers: OpenMP barriers stall when a core is taken")
@@ -151,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.sr_draws:
+        print_sr_draws(formats, t, k, n, args.reps)
+        return 0
     if args.fwd_bwd:  # first: a process that has churned through the big table times GEMMs worse
         print_fwd_bwd(formats, t, k, n, args.reps)
     print_eager_vs_compiled(formats, t, k, n, args.reps, args.eager_reps)

@@ -44,7 +44,7 @@ from megatron_snip.model.layers import (
     vocab_parallel_cross_entropy,
 )
 from megatron_snip.model.norm import RMSNorm
-from megatron_snip.model.recompute import recompute_cheap
+from megatron_snip.model.recompute import recompute_allowed, recompute_cheap
 from megatron_snip.model.rope import Llama3RopeScaling, rope_tables
 from megatron_snip.model.shapes import model_linear_shapes
 from megatron_snip.parallel.sequence_shard import prefetch_chain
@@ -86,7 +86,7 @@ class Attention(nn.Module):
     def forward(self, x_bsd: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x (B, S, D) [(B, S/tp, D) with sequence parallelism] -> same shape."""
         qkv = self.qkv(x_bsd)  # (B, S, G·(H/G+2)·Hd): full sequence even under sequence parallelism
-        if self.recompute_core and torch.is_grad_enabled():
+        if self.recompute_core and recompute_allowed():
             # Selective recompute: keep only qkv; RoPE and attention re-run in backward.
             out = checkpoint(self._core, qkv, cos, sin, use_reentrant=False)
         else:

@@ -37,6 +37,7 @@ import torch
 
 from megatron_snip.config import CURVATURE_NOISE, LOSS_FIRST_ORDER
 from megatron_snip.model.layers import ColumnParallelLinear, PrecisionLinear
+from megatron_snip.model.recompute import keep_intermediates
 from megatron_snip.precision.plan import LINEARS, GemmPrecision
 from megatron_snip.snip.device_sums import DeviceSums
 from megatron_snip.snip.host import ProbeHost, ReferencePass
@@ -420,7 +421,8 @@ class StatsCollector:
         ``autograd.grad(X, θ, ε)`` = J·ε exactly. J does not depend on anything after X, so
         neither the loss's backward nor a reference pass is needed (17 -> 1 forward on tiny)."""
         records = {k: _Record() for k in keys}
-        with self._probes(linears, "inputs", records, gen):
+        # One graph, one backward per linear: recompute would re-run its regions' forward each time.
+        with self._probes(linears, "inputs", records, gen), keep_intermediates():
             host.forward_loss(tokens)
         out: dict[str, dict[str, float]] = {}
         for key, sigma in injections.items():

@@ -431,9 +431,10 @@ def test_compiled_matches_eager():
     x[16:32, :16] = 0
     # These variants cover every code path of _qdq but the pow2/tensor scales: nvfp4 gradients
     # (SR noise, RHT, two-level scales, colwise layout), mxfp8 (E8M0 exponent bits, rowwise) and
-    # mxfp4 weights (E2M1 round-to-nearest, colwise): eager runs other rounding code than compiled.
+    # mxfp4 weights (E2M1 round-to-nearest, colwise): eager runs other rounding code than compiled;
+    # fp4_block gradients (SR noise rowwise, FP32 block scales: the compiled draws' own kernel).
     cases = [("nvfp4", Operand.GRADIENT, True, x.t().contiguous().t()), ("mxfp8", Operand.ACTIVATION, False, x),
-             ("mxfp4", Operand.WEIGHT, False, x.t().contiguous().t())]
+             ("mxfp4", Operand.WEIGHT, False, x.t().contiguous().t()), ("fp4_block", Operand.GRADIENT, False, x)]
     for fmt, operand, h, inp in cases:
         eager = quantize(inp, fmt, operand, generator=gen(1), hadamard=h)
         comp = quantize(inp, fmt, operand, generator=gen(1), hadamard=h, compiled=True)

@@ -77,3 +77,33 @@ def test_recompute_modes_wrap_the_right_blocks(small_overrides):
     assert [(b.recompute, b.attn.recompute_core) for b in tr.model.layers.values()] == [(False, True)] * 3
     with pytest.raises(ValueError, match="training.recompute='partial'"):
         load_config(TINY, small_overrides + ["training.recompute=partial"])
+
+
+def test_keep_intermediates_runs_each_region_once_for_many_backwards():
+    """SNIP's propagation pass differentiates one graph once per linear (retain_graph): inside
+    ``keep_intermediates`` a ``recompute_cheap`` region runs its forward once, not once per
+    backward, and every backward's gradient is the recomputing graph's bit for bit."""
+    from megatron_snip.model.recompute import keep_intermediates, recompute_allowed, recompute_cheap
+
+    calls = []
+
+    def region(x):
+        calls.append(1)
+        return torch.nn.functional.silu(x) * x
+
+    x0 = torch.randn(4, 16, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    grads = {}
+    for keep in (False, True):
+        calls.clear()
+        x = x0.clone().requires_grad_()
+        if keep:
+            with keep_intermediates():
+                assert not recompute_allowed()
+                y = recompute_cheap(region, x)
+            assert recompute_allowed()
+        else:
+            y = recompute_cheap(region, x)
+        g = [torch.autograd.grad(y, x, torch.full_like(y, float(k)), retain_graph=True)[0] for k in (1, 2, 3)]
+        grads[keep] = g
+        assert len(calls) == (1 if keep else 4), (keep, len(calls))  # forward (+ one recompute per backward)
+    assert all(torch.equal(a, b) for a, b in zip(grads[False], grads[True]))

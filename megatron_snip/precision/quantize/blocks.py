@@ -132,14 +132,35 @@ def _qdq(
     Returns:
         the dequantized operand in p's layout and shape.
     """
+    return _qdq_noise(p, spec, operand, hadamard, colwise, amax, None if seeds is None else stochastic_noise(p, colwise, seeds))
+
+
+def stochastic_noise(p: torch.Tensor, colwise: bool, seeds: torch.Tensor) -> torch.Tensor:
+    """The uniform [0, 1) stochastic-rounding draws of physical operand ``p`` (fp32, p's layout and
+    shape): element (i, j) of the logical operand gets counter i * cols + j (``_noise_physical``)."""
+    rows, cols = (p.shape[1], p.shape[0]) if colwise else (p.shape[0], p.shape[1])
+    return _noise_physical(rows, cols, colwise, seeds)
+
+
+def _qdq_noise(
+    p: torch.Tensor,
+    spec: Format,
+    operand: Operand,
+    hadamard: bool,
+    colwise: bool,
+    amax: torch.Tensor | None,
+    noise: torch.Tensor | None,
+) -> torch.Tensor:
+    """``_qdq`` with its stochastic-rounding draws given (``stochastic_noise``; None for RNE).
+
+    A separate entry so that the compiled variant can make the draws in a kernel of their own
+    where that is faster (``compiled.draws_apart``)."""
     if hadamard:
         p = _rht_physical(p, colwise)
     if not spec.quantizes:
         return p
     elem = spec.element_for(operand)
     assert elem is not None
-    rows, cols = (p.shape[1], p.shape[0]) if colwise else (p.shape[0], p.shape[1])
-    noise = None if seeds is None else _noise_physical(rows, cols, colwise, seeds)
 
     if spec.scaling is Scaling.TENSOR:
         scale, scale_inv = _tensor_scales(tensor_amax(p) if amax is None else amax, elem)

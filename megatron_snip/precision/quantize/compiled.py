@@ -2,7 +2,8 @@
 
 ``_run_qdq`` picks, per call: on a CUDA tensor the fused Triton kernel of ``kernels/``
 (``kernels.quantize``, called by ``kernel_calls.qdq``) when Triton imports; otherwise, with ``compiled=True``, a
-torch.compile'd copy of ``blocks._qdq`` cached per format/operand/layout/shape; otherwise
+torch.compile'd copy of ``blocks._qdq`` cached per format/operand/layout/shape (for the operands
+``draws_apart`` names, two: the stochastic-rounding draws, then ``blocks._qdq_noise``); otherwise
 ``blocks._qdq`` itself. Every variant gives the eager reference's bits (NaN payloads aside):
 
   * CPU, compiled: inductor's C++ code divides exactly and keeps the operation order
@@ -34,10 +35,11 @@ import torch
 
 from megatron_snip.precision import fallbacks
 from megatron_snip.precision.formats import Format, Operand
-from megatron_snip.precision.quantize.blocks import _qdq
+from megatron_snip.precision.quantize.blocks import _qdq, _qdq_noise, stochastic_noise
 
 _QdqFn = Callable[[torch.Tensor, "torch.Tensor | None", "torch.Tensor | None"], torch.Tensor]
 _CompileKey = tuple  # (format, operand, hadamard, colwise, physical shape, device type, has amax, has seeds)
+# or ("noise", colwise, physical shape, device type) for the stochastic-rounding draws
 _COMPILED: dict[_CompileKey, _QdqFn] = {}
 _COMPILE_ERROR: list[str] = []  # the first failure; after it everything runs eager
 
@@ -46,18 +48,24 @@ def _qdq_template(p: torch.Tensor, amax: torch.Tensor | None, seeds: torch.Tenso
     return _qdq(p, _SPEC, _OPERAND, _HADAMARD, _COLWISE, amax, seeds)  # type: ignore[name-defined]  # noqa: F821
 
 
-def _specialized(spec: Format, operand: Operand, hadamard: bool, colwise: bool, tag: str = "") -> _QdqFn:
-    """A copy of ``_qdq_template`` with its own code object and its constants bound as globals.
+def _qdq_noise_template(p: torch.Tensor, amax: torch.Tensor | None, noise: torch.Tensor | None) -> torch.Tensor:
+    return _qdq_noise(p, _SPEC, _OPERAND, _HADAMARD, _COLWISE, amax, noise)  # type: ignore[name-defined]  # noqa: F821
+
+
+def _noise_template(p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    return stochastic_noise(p, _COLWISE, seeds)  # type: ignore[name-defined]  # noqa: F821
+
+
+def _specialized(template: Callable, name: str, **constants: object) -> Callable:
+    """A copy of ``template`` with its own code object and ``constants`` bound as globals.
 
     torch.compile keeps compiled graphs, guards and its recompile budget (8) per code
-    object. One code object per compile key (``tag`` names the shape) means each holds
+    object. One code object per compile key (``name`` includes the shape) means each holds
     exactly one graph: no variant evicts another or silently falls back to eager after
     8 shapes, and a call checks one set of guards instead of trying several.
     """
-    name = f"qdq_{spec.name}_{operand.value}{'_rht' if hadamard else ''}{'_colwise' if colwise else ''}{tag}"
-    code = _qdq_template.__code__.replace(co_name=name)
-    glb = dict(globals(), _SPEC=spec, _OPERAND=operand, _HADAMARD=hadamard, _COLWISE=colwise)
-    return types.FunctionType(code, glb, name)
+    code = template.__code__.replace(co_name=name)
+    return types.FunctionType(code, dict(globals(), **constants), name)
 
 
 def _exact_options() -> dict[str, bool] | None:
@@ -103,9 +111,34 @@ def _get_compiled(
     key = _compile_key(spec, operand, hadamard, colwise, p, amax, seeds)
     fn = _COMPILED.get(key)
     if fn is None:
-        tag = f"_{p.shape[0]}x{p.shape[1]}{'_amax' if amax is not None else ''}"
+        name = (f"qdq_{spec.name}_{operand.value}{'_rht' if hadamard else ''}{'_colwise' if colwise else ''}"
+                f"_{p.shape[0]}x{p.shape[1]}{'_amax' if amax is not None else ''}")
         options = _exact_options() if p.device.type == "cuda" else None
-        fn = torch.compile(_specialized(spec, operand, hadamard, colwise, tag), dynamic=False, options=options)
+        body = _qdq_noise_template if draws_apart(spec, operand, colwise) and seeds is not None else _qdq_template
+        template = _specialized(body, name, _SPEC=spec, _OPERAND=operand, _HADAMARD=hadamard, _COLWISE=colwise)
+        fn = torch.compile(template, dynamic=False, options=options)
+        _COMPILED[key] = fn
+    return fn
+
+
+def draws_apart(spec: Format, operand: Operand, colwise: bool) -> bool:
+    """Whether the compiled quantizer makes an operand's stochastic-rounding draws in a kernel of
+    their own (``blocks._qdq_noise``) rather than inside its block loop: for row-blocked operands
+    with blocks wider than 16 (fp4_block's 1x128, mxfp4's 1x32 gradient tiles). Fused there,
+    inductor's CPU code ran 2.2-6x slower than the two kernels apart; elsewhere (colwise, nvfp4's
+    16-wide blocks) fused was 10-40% faster (``python -m experiments.bench.quantizers --sr-draws``,
+    docs/bench/sr_draws.txt). The bits are the same either way."""
+    return spec.stochastic_for(operand) and not colwise and spec.block_for(operand)[1] > 16
+
+
+def _get_compiled_noise(colwise: bool, p: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The compiled ``blocks.stochastic_noise`` for operands shaped like ``p`` (integer arithmetic:
+    the same bits as eager on every device)."""
+    key = ("noise", colwise, tuple(p.shape), p.device.type)
+    fn = _COMPILED.get(key)
+    if fn is None:
+        name = f"sr_noise{'_colwise' if colwise else ''}_{p.shape[0]}x{p.shape[1]}"
+        fn = torch.compile(_specialized(_noise_template, name, _COLWISE=colwise), dynamic=False)
         _COMPILED[key] = fn
     return fn
 
@@ -136,13 +169,20 @@ def _run_compiled(p: torch.Tensor, spec: Format, operand: Operand, hadamard: boo
         _COMPILE_ERROR.append("this torch's inductor has no correctly rounded division option")
         fallbacks.record("compiled quantizers (running eager)", _COMPILE_ERROR[0])
         return None
+    def run() -> torch.Tensor:
+        fn = _get_compiled(spec, operand, hadamard, colwise, p, amax, seeds)
+        if seeds is not None and draws_apart(spec, operand, colwise):
+            return fn(p, amax, _get_compiled_noise(colwise, p)(p, seeds))
+        return fn(p, amax, seeds)
+
     try:
-        return _get_compiled(spec, operand, hadamard, colwise, p, amax, seeds)(p, amax, seeds)
+        return run()
     except Exception as first:  # noqa: BLE001 - any compiler failure: retry privately, then fall back
         _COMPILED.pop(_compile_key(spec, operand, hadamard, colwise, p, amax, seeds), None)
+        _COMPILED.pop(("noise", colwise, tuple(p.shape), p.device.type), None)
         private = _use_private_cache_dir()
         try:
-            return _get_compiled(spec, operand, hadamard, colwise, p, amax, seeds)(p, amax, seeds)
+            return run()
         except Exception as second:  # noqa: BLE001
             _COMPILE_ERROR.append(f"{_first_line(first)}; retried in the private cache {private}: "
                                   f"{_first_line(second)}")
