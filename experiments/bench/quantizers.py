@@ -26,6 +26,7 @@ training-step ratios (part (3) there).
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -125,8 +126,8 @@ def print_sr_draws(formats: list[str], t: int, k: int, n: int, reps: int) -> Non
             fused = torch.compile(compiled._specialized(_fused_template, f"fused_{fmt}_{name.split()[0]}", _QDQ=blocks._qdq,
                                                         _SPEC=spec, _OPERAND=operand, _HADAMARD=rht, _COLWISE=colwise),
                                   dynamic=False)
-            calls = {"shipped": lambda: compiled._run_qdq(p, spec, operand, rht, colwise, None, seeds, True),
-                     "fused": lambda: fused(p, seeds)}
+            calls = {"shipped": functools.partial(compiled._run_qdq, p, spec, operand, rht, colwise, None, seeds, True),
+                     "fused": functools.partial(fused, p, seeds)}
             same = torch.equal(calls["shipped"](), calls["fused"]())
             times = {c: [] for c in calls}
             for _ in range(2 + reps):
