@@ -15,7 +15,7 @@ setup(
     version="0.1.0",
     description="Megatron-style Llama pretraining that picks BF16/FP8/FP4 per GEMM with SNIP",
     python_requires=">=3.10",
-    packages=find_packages(include=["megatron_snip", "megatron_snip.*", "kernels", "kernels.*"]),
+    packages=find_packages(include=["megatron_snip", "megatron_snip.*", "snip_kernels", "snip_kernels.*"]),
     package_data={"megatron_snip.data": ["sample/*"]},
     include_package_data=True,
     install_requires=[
@@ -35,7 +35,7 @@ setup(
         "dev": ["pytest>=7", "ml_dtypes>=0.4", "scipy>=1.10", "transformers>=4.45", "tensorboard>=2.14",
                 "ruff==0.17.6"],  # CI runs ruff check . (pinned: new releases add rules)
         "gpu": ["transformer-engine[pytorch]>=2.8"],
-        # Triton quantize kernels (kernels/): used on CUDA tensors; CI runs their tests on CPU
+        # Triton quantize kernels (snip_kernels/): used on CUDA tensors; CI runs their tests on CPU
         # under the Triton interpreter. CUDA builds of torch bring a matching triton already.
         "kernels": ["triton>=3.6"],
         # logging.tensorboard (telemetry/tensorboard_sink.py)

@@ -78,9 +78,9 @@ def bits_equal(a, b) -> bool:
 
 
 def test_inputs(rows: int, smoke: bool) -> dict:
-    """The bit-exactness input classes (kernels/cases.py), (rows, 256); --smoke: three of them at
+    """The bit-exactness input classes (snip_kernels/cases.py), (rows, 256); --smoke: three of them at
     (rows, 128) - the interpreter is slow, and tests/unit/test_kernels.py covers every class."""
-    from kernels.cases import input_classes
+    from snip_kernels.cases import input_classes
 
     classes = input_classes(rows, 128 if smoke else 256)
     return {k: v for k, v in classes.items() if k in ("gaussian", "midpoints", "nan_inf")} if smoke else classes
@@ -264,7 +264,7 @@ def check_scaled_op(device, smoke: bool) -> None:
 def check_compiled(device, smoke: bool) -> None:
     import torch
 
-    from kernels.cases import input_classes
+    from snip_kernels.cases import input_classes
     from megatron_snip.precision.formats import Operand, get_format
     from megatron_snip.precision.quantize import compiled
     from megatron_snip.precision.quantize.blocks import _qdq

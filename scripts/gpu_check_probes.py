@@ -91,7 +91,7 @@ def probe_scale_padding(device: torch.device) -> tuple[str, str]:
 
 def probe_div_rn_ftz(device: torch.device) -> tuple[str, str]:
     """tl.div_rn(2^-120, 2^20) = 2^-140 (subnormal result) and div_rn(2^-140, 0.5) = 2^-139 (subnormal input)."""
-    from kernels.probes import div_rn
+    from snip_kernels.probes import div_rn
 
     x = torch.tensor([2.0**-120, 2.0**-140], device=device)
     y = torch.tensor([2.0**20, 0.5], device=device)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 pytest.importorskip("triton", reason='the model stubs the Triton launch of kernel_calls (pip install -e ".[kernels]")')
-# Before kernels.quantize is first imported in this process (tests/unit/test_kernels.py needs the
+# Before snip_kernels.quantize is first imported in this process (tests/unit/test_kernels.py needs the
 # interpreter mode, and triton.jit reads it at import); the launch is stubbed here anyway.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 

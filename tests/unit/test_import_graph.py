@@ -1,6 +1,6 @@
-"""The import graph of megatron_snip/ and kernels/, read from the source with ``ast`` (module-level
+"""The import graph of megatron_snip/ and snip_kernels/, read from the source with ``ast`` (module-level
 and function-level imports alike, ``TYPE_CHECKING`` ones too), against the house's direction of
-imports (docs: ARCHITECTURE.md): rooms form no cycle and point down the layers, kernels/ imports
+imports (docs: ARCHITECTURE.md): rooms form no cycle and point down the layers, snip_kernels/ imports
 nothing of megatron_snip, interop/ nothing of training/, and the package root holds only the
 entry points and atomic_io.py.
 
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 ROOT_MODULES = {"__init__", "train", "evaluate", "launcher", "atomic_io"}
 # Bottom to top; a room may import rooms of its own layer or below (and the room graph has no cycle).
 LAYERS = (
-    ("kernels", "atomic_io", "megatron_snip"),  # megatron_snip: the root __init__ (empty)
+    ("snip_kernels", "atomic_io", "megatron_snip"),  # megatron_snip: the root __init__ (empty)
     ("precision",),
     ("config", "parallel"),
     ("model", "data", "telemetry"),
@@ -34,7 +34,7 @@ KNOWN_CIRCLES: list[set[str]] = []
 
 def modules(repo: Path) -> dict[str, Path]:
     out = {}
-    for pkg in ("megatron_snip", "kernels"):
+    for pkg in ("megatron_snip", "snip_kernels"):
         for path in (repo / pkg).rglob("*.py"):
             parts = list(path.relative_to(repo).with_suffix("").parts)
             if parts[-1] == "__init__":
@@ -44,7 +44,7 @@ def modules(repo: Path) -> dict[str, Path]:
 
 
 def import_graph(repo: Path) -> dict[str, set[str]]:
-    """module -> the modules of megatron_snip/kernels it imports anywhere in its source."""
+    """module -> the modules of megatron_snip/snip_kernels it imports anywhere in its source."""
     mods = modules(repo)
 
     def resolve(name: str) -> str | None:
@@ -76,7 +76,7 @@ def import_graph(repo: Path) -> dict[str, set[str]]:
 
 
 def room(mod: str) -> str:
-    """``megatron_snip.sizing.dry_run`` -> ``sizing``; ``megatron_snip.train`` -> ``train``; ``kernels.x`` -> ``kernels``."""
+    """``megatron_snip.sizing.dry_run`` -> ``sizing``; ``megatron_snip.train`` -> ``train``; ``snip_kernels.x`` -> ``snip_kernels``."""
     parts = mod.split(".")
     return parts[1] if parts[0] == "megatron_snip" and len(parts) > 1 else parts[0]
 
@@ -158,7 +158,7 @@ def test_sizing_modules_import_one_way():
 
 
 def test_kernels_import_nothing_of_megatron_snip():
-    bad = sorted((m, t) for m, ts in GRAPH.items() if room(m) == "kernels" for t in ts if room(t) != "kernels")
+    bad = sorted((m, t) for m, ts in GRAPH.items() if room(m) == "snip_kernels" for t in ts if room(t) != "snip_kernels")
     assert bad == []
 
 
@@ -170,3 +170,20 @@ def test_interop_imports_nothing_of_training():
 def test_package_root_holds_only_the_entry_points_and_atomic_io():
     root = {p.stem for p in (REPO / "megatron_snip").glob("*.py")}
     assert root <= ROOT_MODULES, f"modules at the package root: {sorted(root - ROOT_MODULES)}"
+
+
+def test_top_level_packages_shadow_no_installed_distribution():
+    """The repository root is on sys.path in every test and script run, and setup.py installs its
+    top-level packages: a name another installed distribution also provides would shadow that one.
+    It happened: the Triton kernels' package was called ``kernels``, which is also Hugging Face's
+    ``kernels`` (a dependency of transformers >= 5), and ``import transformers``'s hub-kernels
+    integration then imported ours and failed."""
+    from importlib.metadata import packages_distributions
+
+    root = Path(__file__).resolve().parents[2]
+    ours = sorted(p.parent.name for p in root.glob("*/__init__.py"))
+    assert "snip_kernels" in ours and "megatron_snip" in ours, ours
+    providers = packages_distributions()
+    clashes = {name: sorted(set(providers[name]) - {"megatron_snip", "megatron-snip"})
+               for name in ours if set(providers.get(name, ())) - {"megatron_snip", "megatron-snip"}}
+    assert clashes == {}, f"top-level packages also provided by installed distributions: {clashes}"

@@ -1,4 +1,4 @@
-"""Triton quantize kernels (kernels/quantize.py) vs the reference quantizers, bit for bit, under the
+"""Triton quantize kernels (snip_kernels/quantize.py) vs the reference quantizers, bit for bit, under the
 Triton interpreter on CPU (TRITON_INTERPRET=1, numpy semantics: what a GPU computes for the
 exact operations the kernels restrict themselves to; scripts/gpu_check.sh repeats this on CUDA).
 
@@ -18,14 +18,14 @@ import sys
 import pytest
 import torch
 
-if "kernels.quantize" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("kernels.quantize was imported for a GPU in this process; run this file alone on CPU",
+if "snip_kernels.quantize" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("snip_kernels.quantize was imported for a GPU in this process; run this file alone on CPU",
                 allow_module_level=True)
 if importlib.util.find_spec("triton") is None:
     pytest.skip('triton is not installed (pip install -e ".[kernels]")', allow_module_level=True)
-os.environ["TRITON_INTERPRET"] = "1"  # before kernels.quantize is imported: triton.jit reads it then
+os.environ["TRITON_INTERPRET"] = "1"  # before snip_kernels.quantize is imported: triton.jit reads it then
 
-from kernels.cases import input_classes
+from snip_kernels.cases import input_classes
 from megatron_snip.precision.formats import FORMATS, Operand, get_format
 from megatron_snip.precision.quantize.blocks import _qdq
 from megatron_snip.precision.quantize.kernel_calls import qdq
@@ -161,7 +161,7 @@ def test_the_rotation_is_fused_into_the_quantize_kernel(monkeypatch, fmt, launch
 
 
 def test_weight_tiles_get_enough_warps_not_to_spill():
-    from kernels.quantize import num_warps_for
+    from snip_kernels.quantize import num_warps_for
 
     assert num_warps_for(128, 1, 128) == 16  # fp8_block / fp4_block 128x128 weight tiles: 32 fp32 per thread
     assert num_warps_for(16, 1, 128) == 4 and num_warps_for(16, 8, 16) == 4  # 2K-element tiles: the default

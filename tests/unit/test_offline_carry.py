@@ -26,7 +26,7 @@ CHILD = r'''
 import json, sys, tomllib
 cfg = tomllib.load(open(sys.argv[1], "rb"))
 allowed = set(sys.stdlib_module_names) | set(cfg["image"]["modules"]) | {m for ms in cfg["carry"].values() for m in ms}
-allowed |= {"megatron_snip", "kernels", "gpu_check", "gpu_check_report", "gpu_check_runs", "gpu_check_probes",
+allowed |= {"megatron_snip", "snip_kernels", "gpu_check", "gpu_check_report", "gpu_check_runs", "gpu_check_probes",
             "gpu_time_ratios"}
 imported, blocked = set(), set()
 
@@ -52,7 +52,7 @@ class Absent:
 
 sys.meta_path[:] = [Absent(f) for f in sys.meta_path]
 import megatron_snip.train  # noqa: E402,F401
-import kernels.quantize, kernels.probes  # noqa: E402,F401  (the device's kernels; Triton is in the image)
+import snip_kernels.quantize, snip_kernels.probes  # noqa: E402,F401  (the device's kernels; Triton is in the image)
 sys.path.insert(0, "scripts")
 import gpu_check, gpu_time_ratios  # noqa: E402,F401
 sys.argv = ["gpu_check.py", "--smoke", "--only", "env,tiny_snip"]

@@ -47,7 +47,7 @@ passes and page-faulting temporaries down). ``compiled=True`` runs the same
 functions through ``torch.compile``: one fused, vectorized kernel per format /
 operand kind / layout / shape (0.3-1.2 Gelem/s), bit-identical to eager except
 NaN payloads, compiled on first use (2-5 s each, cached on disk by inductor).
-On CUDA tensors the Triton kernels of ``kernels/`` run instead (same bits). A
+On CUDA tensors the Triton kernels of ``snip_kernels/`` run instead (same bits). A
 failed compilation is retried once in a private cache, then falls back to eager;
 every fallback is recorded once (``compiled.py``, ``precision/fallbacks.py``).
 """

@@ -1,7 +1,7 @@
 """Fast variants of the block-scaling math: Triton kernels on CUDA, torch.compile'd graphs elsewhere.
 
-``_run_qdq`` picks, per call: on a CUDA tensor the fused Triton kernel of ``kernels/``
-(``kernels.quantize``, called by ``kernel_calls.qdq``) when Triton imports; otherwise, with ``compiled=True``, a
+``_run_qdq`` picks, per call: on a CUDA tensor the fused Triton kernel of ``snip_kernels/``
+(``snip_kernels.quantize``, called by ``kernel_calls.qdq``) when Triton imports; otherwise, with ``compiled=True``, a
 torch.compile'd copy of ``blocks._qdq`` cached per format/operand/layout/shape (for the operands
 ``draws_apart`` names, two: the stochastic-rounding draws, then ``blocks._qdq_noise``); otherwise
 ``blocks._qdq`` itself. Every variant gives the eager reference's bits (NaN payloads aside):
@@ -12,7 +12,7 @@ torch.compile'd copy of ``blocks._qdq`` cached per format/operand/layout/shape (
     compiled with its eager-numerics options (correctly rounded division, no flush-to-zero,
     no FMA contraction: ``_EXACT_OPTIONS``); a torch without the division option runs
     eager instead (recorded) - checked on a GPU by scripts/gpu_check.sh;
-  * CUDA, kernels: bitwise by construction (see ``kernels/quantize.py``), checked under the
+  * CUDA, kernels: bitwise by construction (see ``snip_kernels/quantize.py``), checked under the
     Triton interpreter in CI and on a GPU by scripts/gpu_check.sh.
 
 Failures never stop a run and are never silent: a kernel or compile failure falls back (to
@@ -195,7 +195,7 @@ _KERNELS: list = []  # [the kernel_calls module] once imported, [None] when unav
 
 
 def cuda_kernels() -> types.ModuleType | None:
-    """``quantize.kernel_calls`` (the callers of ``kernels.quantize``) for CUDA operands, or None
+    """``quantize.kernel_calls`` (the callers of ``snip_kernels.quantize``) for CUDA operands, or None
     (unavailable or failed: recorded once)."""
     if not _KERNELS:
         try:

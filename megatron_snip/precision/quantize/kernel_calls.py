@@ -1,5 +1,5 @@
 """The Triton quantize kernels' callers: a format and operand kind in, plain constants to
-``kernels.quantize.launch_qdq`` out (``kernels/`` imports nothing of megatron_snip).
+``snip_kernels.quantize.launch_qdq`` out (``snip_kernels/`` imports nothing of megatron_snip).
 
 ``qdq`` is ``blocks._qdq`` and ``scaled_operand`` is ``scaled.scaled_elements`` + the float8
 cast, each as one fused kernel launch, bit for bit (tests/unit/test_kernels.py under
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.quantize import launch_grid, launch_qdq
+from snip_kernels.quantize import launch_grid, launch_qdq
 from megatron_snip.precision.formats import E4M3, Format, Operand, Scaling, get_format
 from megatron_snip.precision.quantize.bits import _F32_MAX
 from megatron_snip.precision.quantize.blocks import (
@@ -99,7 +99,7 @@ def rotated_amax(p: torch.Tensor, colwise: bool) -> torch.Tensor:
 
 def _launch(x, y, scalars, seeds, scales_out, rows, cols, stride_r, stride_c, spec, elem, tr, nb, bs, block_2d,
             hadamard, out_elements) -> None:
-    """``kernels.quantize.launch_qdq`` with the format's and element's constants spelled out."""
+    """``snip_kernels.quantize.launch_qdq`` with the format's and element's constants spelled out."""
     launch_qdq(
         x, y, scalars, seeds, scales_out, rows, cols, stride_r, stride_c,
         tr=tr, nb=nb, bs=bs, block_2d=block_2d, scaling=_SCALING_CODE[spec.scaling],

@@ -1,7 +1,7 @@
 """One-element Triton probes of the compiler's numerics (``scripts/gpu_check_probes.py`` runs them).
 
 ``div_rn``: does ``tl.div_rn`` keep subnormal results and inputs? The quantize kernels take
-every block scale from one correctly rounded division (``kernels/quantize.py``), and their
+every block scale from one correctly rounded division (``snip_kernels/quantize.py``), and their
 bitwise equality with the reference needs IEEE subnormals; Triton's NVIDIA backend has an
 ``enable_reflect_ftz`` option (default True: libdevice in flush-to-zero mode) whose effect on
 ``div_rn`` the interpreter cannot show. Imports nothing of megatron_snip, like the kernels.
