@@ -42,9 +42,11 @@ def latest_ok_runs(out_dir: Path) -> list[dict]:
 
 
 def final_fp4_sets(out_dir: Path, policies: Sequence[str], formats: Sequence[str] | None
-                   ) -> dict[str, dict[int, set[str]]]:
-    """{policy: {seed: the GEMM keys ("<layer>.<linear>.<gemm>") its final plan runs in FP4}}."""
+                   ) -> tuple[dict[str, dict[int, set[str]]], set[str]]:
+    """({policy: {seed: the GEMM keys ("<layer>.<linear>.<gemm>") its final plan runs in FP4}},
+    every GEMM key the plans name)."""
     found: dict[str, dict[int, set[str]]] = {p: {} for p in policies}
+    all_gemms: set[str] = set()
     for rec in latest_ok_runs(out_dir):
         if rec.get("policy") not in found or (formats is not None and list(rec.get("formats") or []) != list(formats)):
             continue
@@ -56,12 +58,13 @@ def final_fp4_sets(out_dir: Path, policies: Sequence[str], formats: Sequence[str
             raise FileNotFoundError(f"{plan_path}: the final plan of run {rec['name']!r} is missing; plans live in "
                                     "the run directories, which this out-dir must still hold")
         entries = json.loads(plan_path.read_text())["entries"]
+        all_gemms |= entries.keys()
         found[rec["policy"]][int(rec["seed"])] = {k for k, f in entries.items() if f in FP4_FORMATS}
     missing = [p for p, seeds in found.items() if not seeds]
     if missing:
         raise ValueError(f"--policies {','.join(missing)}: no ok run of theirs in {out_dir / 'results.jsonl'}"
                          + ("" if formats is None else f" at --formats {','.join(formats)}"))
-    return found
+    return found, all_gemms
 
 
 def _unit(gemm_key: str) -> str:
@@ -132,11 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     def make() -> str:
         if len(policies) < 2:
             raise ValueError(f"--policies {args.policies!r}: name at least two, e.g. snip,tail")
-        sets = final_fp4_sets(args.out_dir, policies, formats)
-        # Every GEMM any plan names: read from one final plan (they all cover the same model).
-        rec = next(r for r in latest_ok_runs(args.out_dir) if r.get("policy") == policies[0] and r.get("final_plan"))
-        entries = json.loads((args.out_dir / Path(rec["run_dir"]).name / rec["final_plan"]).read_text())["entries"]
-        return overlap_page(sets, set(entries), command)
+        sets, all_gemms = final_fp4_sets(args.out_dir, policies, formats)
+        return overlap_page(sets, all_gemms, command)
 
     return emit_page(make, args.out)
 

@@ -264,11 +264,11 @@ def check_scaled_op(device, smoke: bool) -> None:
 def check_compiled(device, smoke: bool) -> None:
     import torch
 
-    from snip_kernels.cases import input_classes
     from megatron_snip.precision.formats import Operand, get_format
     from megatron_snip.precision.quantize import compiled
     from megatron_snip.precision.quantize.blocks import _qdq
     from megatron_snip.precision.quantize.noise import draw_seeds
+    from snip_kernels.cases import input_classes
 
     total = ok = 0
     t0 = time.perf_counter()

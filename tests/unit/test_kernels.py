@@ -25,11 +25,11 @@ if importlib.util.find_spec("triton") is None:
     pytest.skip('triton is not installed (pip install -e ".[kernels]")', allow_module_level=True)
 os.environ["TRITON_INTERPRET"] = "1"  # before snip_kernels.quantize is imported: triton.jit reads it then
 
-from snip_kernels.cases import input_classes
 from megatron_snip.precision.formats import FORMATS, Operand, get_format
 from megatron_snip.precision.quantize.blocks import _qdq
 from megatron_snip.precision.quantize.kernel_calls import qdq
 from megatron_snip.precision.quantize.noise import draw_seeds
+from snip_kernels.cases import input_classes
 
 LOW_PRECISION = [f for f in FORMATS if f != "bf16"]
 # numpy's warnings for the IEEE overflows and divisions by zero the kernels rely on (Inf -> saturation)

@@ -114,7 +114,7 @@ def _get_compiled(
         name = (f"qdq_{spec.name}_{operand.value}{'_rht' if hadamard else ''}{'_colwise' if colwise else ''}"
                 f"_{p.shape[0]}x{p.shape[1]}{'_amax' if amax is not None else ''}")
         options = _exact_options() if p.device.type == "cuda" else None
-        body = _qdq_noise_template if draws_apart(spec, operand, colwise) and seeds is not None else _qdq_template
+        body = _qdq_noise_template if draws_apart(spec, operand, colwise) else _qdq_template  # (p, amax, noise)
         template = _specialized(body, name, _SPEC=spec, _OPERAND=operand, _HADAMARD=hadamard, _COLWISE=colwise)
         fn = torch.compile(template, dynamic=False, options=options)
         _COMPILED[key] = fn

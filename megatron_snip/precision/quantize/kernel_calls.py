@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import torch
 
-from snip_kernels.quantize import launch_grid, launch_qdq
 from megatron_snip.precision.formats import E4M3, Format, Operand, Scaling, get_format
 from megatron_snip.precision.quantize.bits import _F32_MAX
 from megatron_snip.precision.quantize.blocks import (
@@ -24,6 +23,7 @@ from megatron_snip.precision.quantize.blocks import (
 )
 from megatron_snip.precision.quantize.hadamard import RHT_SIGNS, RHT_SIZE
 from megatron_snip.precision.quantize.noise import _MIX_MUL1, _MIX_MUL2
+from snip_kernels.quantize import launch_grid, launch_qdq
 
 __all__ = ["bytes_moved", "qdq", "rotated_amax", "scaled_operand"]
 
