@@ -328,7 +328,7 @@ def test_a_base_run_ignores_the_snip_section():
     """A base run trains with SNIP off: a record whose snip fields differ (an ablation's --set) still
     counts as done, one with another model does not; a SNIP run's snip fields always count."""
     p = small_protocol(seeds=(1,), base_steps=4)
-    ablation = small_protocol(seeds=(1,), base_steps=4, overrides=(*p.overrides, "snip.granularity=gemm"))
+    ablation = small_protocol(seeds=(1,), base_steps=4, overrides=(*p.overrides, "snip.granularity=layer"))
     base = protocol.base_run(1)
     latest = {base.name: {"name": base.name, "status": "ok", "config": protocol.resolved_config(base, p)}}
     assert store.is_done(base, ablation, latest)

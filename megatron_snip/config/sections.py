@@ -144,7 +144,10 @@ class SnipConfig:
     policy: str = "snip"
     fp4_target: float = 0.75  # minimum share of linear-layer FLOPs in an FP4 format
     formats: tuple[str, ...] = ("fp8", "nvfp4")  # candidate formats per decision unit
-    granularity: str = "layer"  # "layer": one format per linear (3 GEMMs tied); "gemm": per GEMM
+    # "gemm": each GEMM (fprop, dgrad, wgrad) decided alone; "layer": one format per linear (its 3 GEMMs
+    # tied), which precision.backend="te" needs (one recipe per linear). "gemm" is the default since it
+    # won on the reported seeds at equal FP4 share and GEMM time (docs/results/run_budget/gemm_results.md).
+    granularity: str = "gemm"
     warmup: int = 10  # first re-plan at this step
     interval: int = 20  # then every `interval` steps
     probe_batches: int = 2  # micro-batches the statistics are averaged over

@@ -38,6 +38,7 @@ def overrides(formats: list[str], rho: float, tmp_path) -> list[str]:
         "model.num_kv_heads=2", "training.seq_len=64", "training.micro_batch_size=4", "training.global_batch_size=4",
         "training.warmup_steps=1", "training.eval_batches=1", "training.eval_interval=1000", "training.max_steps=4",
         "training.progress=false", "training.device=cuda", "data.valid_paths=[]", "precision.backend=te",
+        "snip.granularity=layer",  # TE runs one recipe per linear
         "snip.enabled=true", "snip.policy=snip", f"snip.formats={json.dumps(formats)}", f"snip.fp4_target={rho}",
         "snip.warmup=1", "snip.interval=2", "snip.probe_batches=1", "snip.noise_draws=1",
         f"training.run_dir={tmp_path / 'run'}", f"data.cache_dir={tmp_path / 'cache'}",
