@@ -155,6 +155,11 @@ class SnipConfig:
     # (docs/snip.md, "Probe size": on tiny, 1 sequence re-plans in 1.6 steps but plans worse).
     probe_micro_batch_size: int = 0
     weight_divergence_weight: float = 1.0  # lambda in sum(dL + lambda * dW)
+    # lambda times the mean of lr / lr_peak over the steps the plan will be in force (until the next
+    # re-plan): a weight error enters the loss through the update, which the LR scales, while an fprop
+    # error does not, so in the LR decay dW counts for less (docs/snip.md, "LR-scaled weight
+    # divergence"). Off by default: no recorded result used it.
+    weight_divergence_lr_scaled: bool = False
     noise_draws: int = 2  # forward-noise passes per probe batch (curvature, one-sided vs the reference pass)
     # Direction of the forward noise: "gaussian" (isotropic: mean curvature along Y) or "error" (±the
     # harshest format's own e_Y: curvature along the error priced). docs/snip.md, "Forward-noise pass".

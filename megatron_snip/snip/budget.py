@@ -409,9 +409,8 @@ class RunBudget:
     @classmethod
     def for_run(cls, cfg: Config) -> RunBudget:
         s, t = cfg.snip, cfg.training
-        extra = (wsd_decay_start(t),) if t.lr_schedule == "wsd" else ()
         return cls(run_target=s.fp4_target, horizon=(s.warmup, t.max_steps),
-                   points=tuple(replan_points(s.warmup, s.interval, t.max_steps, extra)),
+                   points=tuple(replan_points(s.warmup, s.interval, t.max_steps, _onset(cfg))),
                    grid=share_grid(s.budget_share_range[0], s.budget_share_range[1], s.budget_share_step),
                    lr=tuple(lr_at(k, t) for k in range(t.max_steps)), lr_peak=t.lr, power=s.budget_lr_power)
 
@@ -429,6 +428,23 @@ class RunBudget:
         share from its entries) and the policy's cost curve over ``grid``."""
         history = [(p.step, fp4_fraction(p.entries, linear_numel)) for p in plans]
         return plan_interval(step, self.run_target, self.horizon, history, self.intervals(step), self.grid, curve)
+
+
+def _onset(cfg: Config) -> tuple[int, ...]:
+    """The re-plan the run budget adds to the regular schedule: the WSD decay onset."""
+    return (wsd_decay_start(cfg.training),) if cfg.training.lr_schedule == "wsd" else ()
+
+
+def plan_lr_scale(cfg: Config, step: int) -> float:
+    """Mean of ``lr_t / lr_peak`` over the steps ``[step, next re-plan)`` (or to ``max_steps``) that a
+    plan made at ``step`` is in force: the regular schedule (``snip.warmup`` + k ``snip.interval``),
+    plus the WSD decay onset under ``snip.budget = "run"``. ``snip.weight_divergence_lr_scaled``
+    multiplies lambda by it. 1.0 at constant LR; during LR warmup and decay below 1."""
+    s, t = cfg.snip, cfg.training
+    extra = _onset(cfg) if s.budget == "run" else ()
+    later = [p for p in replan_points(s.warmup, s.interval, t.max_steps, extra) if p > step]
+    end = max(later[0] if later else t.max_steps, step + 1)
+    return math.fsum(lr_at(k, t) / t.lr for k in range(step, end)) / (end - step)  # exact 1.0 at the peak
 
 
 def schedule_lines(cfg: Config) -> list[str]:

@@ -33,7 +33,7 @@ from megatron_snip.model.shapes import linear_numel, model_linear_shapes
 from megatron_snip.parallel import comm
 from megatron_snip.precision.plan import GemmId, PrecisionPlan
 from megatron_snip.snip import ilp, truth
-from megatron_snip.snip.budget import RunBudget
+from megatron_snip.snip.budget import RunBudget, plan_lr_scale
 from megatron_snip.snip.gather import reduce_snapshot
 from megatron_snip.snip.host import Replan, SnipHost, TokenSource
 from megatron_snip.snip.metrics import predicted_divergence
@@ -181,6 +181,12 @@ class SnipController:
         return Replan(step, plan, snapshot=snapshot, timings=timings, predicted_divergence=decision.get("predicted"),
                       gemms_changed=changed, count=self.replans, costs=costs, reused_micro_batches=reused)
 
+    def _weight_divergence_weight(self, step: int) -> float:
+        """lambda of this re-plan's costs: ``snip.weight_divergence_weight``, times the plan's mean LR
+        over its interval relative to the peak under ``snip.weight_divergence_lr_scaled``."""
+        s = self.cfg.snip
+        return s.weight_divergence_weight * (plan_lr_scale(self.cfg, step) if s.weight_divergence_lr_scaled else 1.0)
+
     def _decide(self, snapshot: dict | None, step: int, previous: PrecisionPlan,
                 history: list[PrecisionPlan]) -> tuple[dict[str, Any], dict[GemmId, dict[str, float]] | None]:
         """Metrics and solve on global rank 0: ({"plan": json, "predicted", "timings"} or {"error"}, the costs).
@@ -188,7 +194,7 @@ class SnipController:
         t1 = time.perf_counter()
         costs = None
         if snapshot is not None:
-            costs = policy_costs(self.spec.name, snapshot, self.cfg.snip.weight_divergence_weight)
+            costs = policy_costs(self.spec.name, snapshot, self._weight_divergence_weight(step))
             bad = [g.key for g, per_format in costs.items() if not all(math.isfinite(c) for c in per_format.values())]
             if bad:  # a NaN/inf cost would make the ILP invalid; the old plan stays
                 return {"error": f"non-finite SNIP statistics for {len(bad)} GEMM(s), e.g. {bad[:3]}"}, None
@@ -207,6 +213,8 @@ class SnipController:
             return {"error": f"solve failed ({e})"}, costs
         if spend is not None and plan.solver_status != "TIMEOUT":  # a kept plan keeps its own record
             plan = plan.with_extra(spend.extra())
+        if self.cfg.snip.weight_divergence_lr_scaled and costs is not None and plan.solver_status != "TIMEOUT":
+            plan = plan.with_extra({"weight_divergence_weight": self._weight_divergence_weight(step)})
         out_timings["solve_s"] = time.perf_counter() - t1
         predicted = predicted_divergence(costs, plan.as_dict()) if costs is not None else None
         return {"plan": plan.to_json_dict(), "predicted": predicted, "timings": out_timings}, costs
