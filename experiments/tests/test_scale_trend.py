@@ -78,3 +78,26 @@ def test_the_written_page_names_the_command_that_made_it(tmp_path):
     argv = ["--size", f"S={out_dir}", "--formats", ",".join(FORMATS), "--rho", "0.8", "--out", str(tmp_path / "p.md")]
     assert scale_trend.main(argv) == 0
     assert f"python -m experiments.scale_trend --size S={out_dir} --formats" in (tmp_path / "p.md").read_text()
+
+
+def test_references_come_from_another_out_dir_of_the_same_bases(tmp_path):
+    """An ablation out-dir holding only SNIP reads bf16 and uniform from the out-dir it copied its
+    bases from: the same figures as one out-dir holding all three."""
+    refs = {"bf16": {1: 1.0, 2: 1.1}, scale_trend.UNIFORM: {1: 1.02, 2: 1.121}}
+    snip = {"snip": {1: 1.01, 2: 1.109}}
+    together = write_records(tmp_path / "together", {**refs, **snip})
+    ref_dir, ablation = write_records(tmp_path / "refs", refs), write_records(tmp_path / "ablation", snip)
+    policies = [scale_trend.UNIFORM, "snip"]
+    split = scale_trend.page([("S", ablation)], tuple(FORMATS), 0.8, policies, references={"S": ref_dir})
+    whole = scale_trend.page([("S", together)], tuple(FORMATS), 0.8, policies)
+    assert f"references from `{ref_dir}`" in split
+    tables = [line for line in split.splitlines() if line.startswith("| `")]
+    assert tables == [line for line in whole.splitlines() if line.startswith("| `")] and len(tables) == 4
+    with pytest.raises(ValueError, match=r"no ok runs of bf16, uniform:fp4_block .*--references"):
+        scale_trend.page([("S", ablation)], tuple(FORMATS), 0.8, policies)
+    with pytest.raises(ValueError, match=r"--references L: no --size of that name"):
+        scale_trend.page([("S", ablation)], tuple(FORMATS), 0.8, policies, references={"L": ref_dir})
+    argv = ["--size", f"S={ablation}", "--references", f"S={ref_dir}", "--formats", ",".join(FORMATS),
+            "--rho", "0.8", "--policies", ";".join(policies), "--out", str(tmp_path / "p.md")]
+    assert scale_trend.main(argv) == 0 and (tmp_path / "p.md").read_text().endswith(split[-40:])
+    assert scale_trend.main(argv[:2] + ["--references", "S"] + argv[4:]) == 2
