@@ -46,7 +46,7 @@ from typing import Any
 
 from megatron_snip.config import SNIP_TARGETS, SnipConfig, load_config, parse_time_costs
 from megatron_snip.precision.capability import BACKENDS, GPUS
-from megatron_snip.precision.plan import LINEARS, PrecisionPlan
+from megatron_snip.precision.plan import GRANULARITIES, LINEARS, PrecisionPlan
 from megatron_snip.snip import budget as run_budget
 from megatron_snip.snip import ilp
 from megatron_snip.snip.metrics import predicted_divergence
@@ -75,7 +75,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="relative GEMM time per FLOP instead of --gpu's table, e.g. bf16=1,fp8=0.5 (snip.time_costs)")
     ap.add_argument("--policy", default="snip", choices=["snip", "min_rel_err"])
     ap.add_argument("--formats", default=None, help="candidates, comma-separated (default: the snapshot's)")
-    ap.add_argument("--granularity", default=SnipConfig.granularity, choices=["layer", "gemm"],
+    ap.add_argument("--granularity", default=SnipConfig.granularity, choices=GRANULARITIES,
                     help="decision unit (snip.granularity; default the config default)")
     ap.add_argument("--weight-divergence-weight", type=float, default=1.0, help="lambda in sum(dL + lambda*dW)")
     ap.add_argument("--pp", type=int, default=1, help="pipeline stages for the per-stage constraints")

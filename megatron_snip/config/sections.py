@@ -24,6 +24,7 @@ from megatron_snip.config.values import (
     parse_time_costs,
     toml_value,
 )
+from megatron_snip.precision.plan import GRANULARITIES
 
 RECOMPUTE_MODES = ("none", "selective", "full")  # training.recompute (model/llama.py set_recompute)
 
@@ -219,8 +220,8 @@ class SnipConfig:
         parse_time_costs(self.time_costs)  # ValueError naming the field
         if not 0.0 <= self.fp4_target <= 1.0:
             raise field_error("snip.fp4_target", self.fp4_target, "must be a fraction in [0, 1] (e.g. 0.75)")
-        if self.granularity not in ("layer", "gemm"):
-            raise field_error("snip.granularity", self.granularity, "choose 'layer' or 'gemm'")
+        if self.granularity not in GRANULARITIES:
+            raise field_error("snip.granularity", self.granularity, f"choose one of {list(GRANULARITIES)}")
         if self.curvature_noise not in CURVATURE_NOISE:
             raise field_error("snip.curvature_noise", self.curvature_noise, f"choose one of {list(CURVATURE_NOISE)}")
         if self.loss_first_order not in LOSS_FIRST_ORDER:

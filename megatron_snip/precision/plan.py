@@ -23,6 +23,8 @@ from megatron_snip.precision.formats import FORMATS, FP4_FORMATS
 
 LINEARS: tuple[str, ...] = ("qkv", "proj", "fc1", "fc2")
 GEMMS: tuple[str, ...] = ("fprop", "dgrad", "wgrad")
+# A plan's decision unit (snip.granularity): each GEMM alone, or a linear's three GEMMs together.
+GRANULARITIES: tuple[str, ...] = ("gemm", "layer")
 
 
 @dataclass(frozen=True, order=True)

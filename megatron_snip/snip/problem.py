@@ -28,9 +28,8 @@ from functools import reduce
 from types import MappingProxyType
 
 from megatron_snip.precision.formats import FORMATS, FP4_FORMATS
-from megatron_snip.precision.plan import GEMMS, LINEARS, GemmId
+from megatron_snip.precision.plan import GEMMS, GRANULARITIES, LINEARS, GemmId
 
-GRANULARITIES = ("gemm", "layer")
 _TIME_GRID = 10**6
 
 class InfeasibleError(ValueError):
