@@ -14,7 +14,10 @@ checkpoint was written; or any ``precision.initial_plan`` value: ``uniform:nvfp4
 Domains: ``valid`` (the held-out split of the run's training data; a blend's, plus each source's)
 unless ``--no-held-out``, and one per ``--valid-corpus NAME=PATH`` (a JSONL file, an indexed
 prefix or ``bundled:<name>``, tokenized with the run's tokenizer and used whole). Each is read
-once in order, in windows of ``training.seq_len`` + 1 tokens, up to ``--max-sequences``; the loss
+once, in windows of ``training.seq_len`` + 1 tokens, up to ``--max-sequences``: the first ones in
+order (``--windows first``, the default) or that many spread evenly over the whole domain
+(``--windows spread``: with ``--max-sequences`` = ``training.eval_batches`` x micro-batch, the
+windows a run evaluates with ``training.eval_windows = "spread"``); the loss
 is the mean next-token cross entropy in nats per token (per byte with the byte tokenizer), the
 perplexity its exponential. Exit codes: 0 done, 2 bad input.
 """
@@ -40,6 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--plan", default="bf16",
                    help="precision of every GEMM: bf16 (default), checkpoint (its own plan), uniform:<format>, a plan JSON")
     p.add_argument("--max-sequences", type=int, default=0, help="per domain (0 = all of it)")
+    p.add_argument("--windows", choices=("first", "spread"), default="first",
+                   help="which --max-sequences windows: the first in order, or spread over the whole domain")
     p.add_argument("--no-held-out", action="store_true", help="skip the run's held-out split")
     p.add_argument("--out", default=None, help="also write the results as JSON here")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
@@ -88,9 +93,11 @@ def eval_config(checkpoint: str, plan_spec: str, overrides: list[str], run_dir: 
     return cfg, root, step
 
 
-def evaluate_domains(trainer: Any, domains: dict[str, Any], max_sequences: int) -> dict[str, dict[str, float]]:
-    """One pass over each dataset of ``domains`` (this DP rank's share of each batch): mean loss
-    over DP, perplexity, tokens and sequences read. The same on every rank."""
+def evaluate_domains(trainer: Any, domains: dict[str, Any], max_sequences: int,
+                     windows: str = "first") -> dict[str, dict[str, float]]:
+    """One pass over ``max_sequences`` windows (0: all; ``windows``: the first or spread, as
+    ``eval_micro_batches``) of each dataset of ``domains`` (this DP rank's share of each batch):
+    mean loss over DP, perplexity, tokens and sequences read. The same on every rank."""
     import torch
 
     from megatron_snip.data.dataset import eval_micro_batches
@@ -101,7 +108,8 @@ def evaluate_domains(trainer: Any, domains: dict[str, Any], max_sequences: int) 
     trainer.model.eval()
     for name, ds in domains.items():
         total, batches = 0.0, 0
-        for tokens in eval_micro_batches(ds, t.micro_batch_size, topo.dp_rank, topo.dp, max_sequences or None):
+        for tokens in eval_micro_batches(ds, t.micro_batch_size, topo.dp_rank, topo.dp, max_sequences or None,
+                                     windows):
             total += float(trainer.evaluate_batch(tokens.to(trainer.device)))
             batches += 1
         if batches == 0:
@@ -145,11 +153,12 @@ def run(args: argparse.Namespace, topo_factory: Any = None) -> dict[str, Any]:
                 print(line, file=sys.stderr)
             if not domains:
                 raise ValueError("nothing to evaluate: give --valid-corpus NAME=PATH or drop --no-held-out")
-            results = evaluate_domains(trainer, domains, args.max_sequences)
+            results = evaluate_domains(trainer, domains, args.max_sequences, args.windows)
             plan = trainer.plan
         finally:
             trainer.logger.close()
     report = {"checkpoint": str(ckpt.step_dir(root, step)), "step": step, "plan": args.plan, "plan_policy": plan.policy,
+              "windows": args.windows,
               "fp4_share": plan.fp4_flops_share, "layout": trainer.topo.describe().split(" | ")[0],
               "autocast": str(trainer.autocast_dtype), "domains": results}
     if trainer.is_writer:

@@ -290,15 +290,27 @@ class GPTBatchLoader:
 
 
 def eval_micro_batches(
-    dataset: GPTDataset, micro_batch_size: int, dp_rank: int = 0, dp_size: int = 1, max_samples: int | None = None
+    dataset: GPTDataset, micro_batch_size: int, dp_rank: int = 0, dp_size: int = 1, max_samples: int | None = None,
+    windows: str = "first",
 ) -> Iterator[torch.Tensor]:
-    """One pass over the first ``max_samples`` samples (default: one epoch), cut as in training:
-    this rank's (micro_batch_size, seq_len + 1) tensors; the tail that does not fill a batch on
-    every rank is dropped so all ranks run the same number of steps."""
+    """One pass over ``max_samples`` samples (default: one epoch), cut as in training: this rank's
+    (micro_batch_size, seq_len + 1) tensors; the tail that does not fill a batch on every rank is
+    dropped so all ranks run the same number of steps. ``windows`` as ``training.eval_windows``:
+    ``"first"`` reads the first samples in order, ``"spread"`` the ``spread_windows`` over the whole
+    set (with one rank and ``max_samples`` = batches x micro_batch_size: the training evaluation's
+    windows and batches, ``eval_window_batches``)."""
     n = dataset.num_windows if max_samples is None else min(max_samples, dataset.num_windows)
     step = micro_batch_size * dp_size
-    for start in range(0, n - step + 1, step):
-        yield dataset.batch(micro_batch_start(start, 0, micro_batch_size, dp_rank, dp_size), micro_batch_size)
+    if windows == "first":
+        for start in range(0, n - step + 1, step):
+            yield dataset.batch(micro_batch_start(start, 0, micro_batch_size, dp_rank, dp_size), micro_batch_size)
+    elif windows == "spread":
+        ids = spread_windows(dataset.num_windows, n)
+        for start in range(0, len(ids) - step + 1, step):
+            first = micro_batch_start(start, 0, micro_batch_size, dp_rank, dp_size)
+            yield dataset.samples(ids[first : first + micro_batch_size])
+    else:
+        raise ValueError(f"windows={windows!r}: choose 'first' or 'spread'")
 
 
 def build_datasets(

@@ -524,3 +524,18 @@ def test_eval_window_batches_first_is_the_old_evaluation_and_spread_reaches_the_
     assert sum(len(b) for b in everything) == len(gpt) // 4 * 4
     with pytest.raises(ValueError, match="micro_batch_size=4096"):
         eval_window_batches(gpt, 1, 4096, "spread")
+
+
+def test_eval_micro_batches_spread_are_the_training_evaluations_batches_split_over_dp(tmp_path):
+    """``megatron_snip.evaluate --windows spread`` reads what a run with ``eval_windows = "spread"``
+    evaluated: the same windows in the same batches on one rank; with DP each batch's share per rank."""
+    gpt = GPTDataset(_build(tmp_path / "c", _docs(40)), 8, eod_id=999, shuffle=False)
+    trained = eval_window_batches(gpt, 3, 4, "spread")
+    mine = list(eval_micro_batches(gpt, 4, max_samples=12, windows="spread"))
+    assert [b.tolist() for b in mine] == [b.tolist() for b in trained]
+    ranks = [list(eval_micro_batches(gpt, 2, r, 2, max_samples=12, windows="spread")) for r in (0, 1)]
+    assert [torch.cat([a, b]).tolist() for a, b in zip(*ranks)] == [b.tolist() for b in trained]
+    assert [b.tolist() for b in eval_micro_batches(gpt, 4, max_samples=12)] == \
+        [gpt.batch(s, 4).tolist() for s in (0, 4, 8)]  # "first" as before
+    with pytest.raises(ValueError, match="windows='middle'"):
+        next(eval_micro_batches(gpt, 4, windows="middle"))

@@ -14,7 +14,7 @@ from conftest import SMALL
 from megatron_snip import evaluate
 from megatron_snip.config import load_config
 from megatron_snip.data.corpus import bundled_sample_path
-from megatron_snip.data.dataset import GPTDataset
+from megatron_snip.data.dataset import GPTDataset, spread_windows
 from megatron_snip.data.pipeline import open_indexed
 from megatron_snip.data.tokenizer import build_tokenizer
 from megatron_snip.model.llama import LlamaModel
@@ -35,18 +35,20 @@ def trained(tmp_path_factory):
     return tmp / "run"
 
 
-def _reference_loss(run, corpus: str, sequences: int, micro: int) -> float:
+def _reference_loss(run, corpus: str, sequences: int, micro: int, ids=None) -> float:
     """The checkpoint's weights in a plain LlamaModel (fp32, every GEMM bf16-plan = fp32 on CPU),
-    mean of the per-batch mean losses over the first ``sequences`` windows of ``corpus``."""
+    mean of the per-batch mean losses over the first ``sequences`` windows of ``corpus`` (or the
+    windows ``ids``, in batches of ``micro``)."""
     full = reshard.read_full(*reshard.resolve_checkpoint(run), with_optimizer=False)
     model = LlamaModel(full.cfg.model, full.vocab_size)
     model.load_state_dict(full.model)
     model.eval()
     ds = GPTDataset(open_indexed(corpus, build_tokenizer("byte"), full.cfg.data), full.cfg.training.seq_len,
                     build_tokenizer("byte").eod_id, shuffle=False)
+    batches = ([ds.batch(s, micro) for s in range(0, sequences, micro)] if ids is None else
+               [ds.samples(ids[s : s + micro]) for s in range(0, len(ids), micro)])
     with torch.no_grad():
-        losses = [float(model.loss(model(b[:, :-1]), b[:, 1:])) for b in
-                  (ds.batch(s, micro) for s in range(0, sequences, micro))]
+        losses = [float(model.loss(model(b[:, :-1]), b[:, 1:])) for b in batches]
     return sum(losses) / len(losses)
 
 
@@ -74,6 +76,24 @@ def test_plan_choice_changes_the_numbers(trained, tmp_path):
 
     bf16, nvfp4, own = loss(), loss("--plan", "uniform:nvfp4"), loss("--plan", "checkpoint")
     assert nvfp4 != bf16 and own == nvfp4  # the checkpoint's own plan is uniform nvfp4
+
+
+def test_spread_windows_reach_the_end_of_the_domain(trained, tmp_path):
+    """``--windows spread`` reads windows over the whole domain (not its first pages): the same
+    bits as the plain model on ``spread_windows`` of it, and another loss than the first windows'."""
+    def report(*extra):
+        args = evaluate.parse_args(["--checkpoint", str(trained), "--no-held-out", "--max-sequences", "8",
+                                    "--valid-corpus", "moby=bundled:moby_dick", *extra])
+        return evaluate.run(args)
+
+    spread = report("--windows", "spread")
+    assert spread["windows"] == "spread" and spread["domains"]["moby"]["sequences"] == 8
+    ds = GPTDataset(open_indexed(bundled_sample_path("moby_dick"), build_tokenizer("byte"), load_config(TINY).data),
+                    32, build_tokenizer("byte").eod_id, shuffle=False)
+    ids = spread_windows(ds.num_windows, 8)
+    assert ids[-1] > ds.num_windows * 7 // 8
+    assert spread["domains"]["moby"]["loss"] == _reference_loss(trained, bundled_sample_path("moby_dick"), 8, 4, ids)
+    assert spread["domains"]["moby"]["loss"] != report()["domains"]["moby"]["loss"]
 
 
 @pytest.mark.parametrize("argv, needle", [
