@@ -108,8 +108,8 @@ def evaluate_domains(trainer: Any, domains: dict[str, Any], max_sequences: int,
     trainer.model.eval()
     for name, ds in domains.items():
         total, batches = 0.0, 0
-        for tokens in eval_micro_batches(ds, t.micro_batch_size, topo.dp_rank, topo.dp, max_sequences or None,
-                                     windows):
+        reads = eval_micro_batches(ds, t.micro_batch_size, topo.dp_rank, topo.dp, max_sequences or None, windows)
+        for tokens in reads:
             total += float(trainer.evaluate_batch(tokens.to(trainer.device)))
             batches += 1
         if batches == 0:
