@@ -300,17 +300,16 @@ def eval_micro_batches(
     set (with one rank and ``max_samples`` = batches x micro_batch_size: the training evaluation's
     windows and batches, ``eval_window_batches``)."""
     n = dataset.num_windows if max_samples is None else min(max_samples, dataset.num_windows)
-    step = micro_batch_size * dp_size
     if windows == "first":
-        for start in range(0, n - step + 1, step):
-            yield dataset.batch(micro_batch_start(start, 0, micro_batch_size, dp_rank, dp_size), micro_batch_size)
+        ids = np.arange(n, dtype=np.int64)
     elif windows == "spread":
         ids = spread_windows(dataset.num_windows, n)
-        for start in range(0, len(ids) - step + 1, step):
-            first = micro_batch_start(start, 0, micro_batch_size, dp_rank, dp_size)
-            yield dataset.samples(ids[first : first + micro_batch_size])
     else:
         raise ValueError(f"windows={windows!r}: choose 'first' or 'spread'")
+    step = micro_batch_size * dp_size
+    for start in range(0, len(ids) - step + 1, step):
+        first = micro_batch_start(start, 0, micro_batch_size, dp_rank, dp_size)
+        yield dataset.samples(ids[first : first + micro_batch_size])  # batch(s, k) is samples(arange(s, s + k))
 
 
 def build_datasets(

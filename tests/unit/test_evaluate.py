@@ -78,7 +78,7 @@ def test_plan_choice_changes_the_numbers(trained, tmp_path):
     assert nvfp4 != bf16 and own == nvfp4  # the checkpoint's own plan is uniform nvfp4
 
 
-def test_spread_windows_reach_the_end_of_the_domain(trained, tmp_path):
+def test_spread_windows_reach_the_end_of_the_domain(trained):
     """``--windows spread`` reads windows over the whole domain (not its first pages): the same
     bits as the plain model on ``spread_windows`` of it, and another loss than the first windows'."""
     def report(*extra):
