@@ -209,12 +209,11 @@ def eval_window_batches(ds: GPTDataset, batches: int, size: int, windows: str = 
     ``"spread"``: ``spread_windows`` of ``batches * size`` over the set, cut to whole batches."""
     if windows == "first":
         return [ds.batch(i * size, size) for i in range(batches)]
-    ids = spread_windows(ds.num_windows, batches * size)
-    usable = len(ids) // size * size
-    if usable == 0:
+    out = list(eval_micro_batches(ds, size, max_samples=batches * size, windows="spread"))
+    if not out:
         raise ValueError(f"a validation set holds {ds.num_windows} windows, fewer than one batch of "
                          f"training.micro_batch_size={size}; lower it or give the set more text")
-    return [ds.samples(ids[i : i + size]) for i in range(0, usable, size)]
+    return out
 
 
 def micro_batch_start(consumed_samples: int, micro_index: int, micro_batch_size: int, dp_rank: int, dp_size: int) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from conftest import SMALL
@@ -45,8 +46,8 @@ def _reference_loss(run, corpus: str, sequences: int, micro: int, ids=None) -> f
     model.eval()
     ds = GPTDataset(open_indexed(corpus, build_tokenizer("byte"), full.cfg.data), full.cfg.training.seq_len,
                     build_tokenizer("byte").eod_id, shuffle=False)
-    batches = ([ds.batch(s, micro) for s in range(0, sequences, micro)] if ids is None else
-               [ds.samples(ids[s : s + micro]) for s in range(0, len(ids), micro)])
+    ids = np.arange(sequences, dtype=np.int64) if ids is None else ids
+    batches = [ds.samples(ids[s : s + micro]) for s in range(0, len(ids), micro)]
     with torch.no_grad():
         losses = [float(model.loss(model(b[:, :-1]), b[:, 1:])) for b in batches]
     return sum(losses) / len(losses)
@@ -88,8 +89,9 @@ def test_spread_windows_reach_the_end_of_the_domain(trained):
 
     spread = report("--windows", "spread")
     assert spread["windows"] == "spread" and spread["domains"]["moby"]["sequences"] == 8
-    ds = GPTDataset(open_indexed(bundled_sample_path("moby_dick"), build_tokenizer("byte"), load_config(TINY).data),
-                    32, build_tokenizer("byte").eod_id, shuffle=False)
+    cfg = load_config(str(trained / "config.toml"))  # the run's own (seq_len from SMALL)
+    ds = GPTDataset(open_indexed(bundled_sample_path("moby_dick"), build_tokenizer("byte"), cfg.data),
+                    cfg.training.seq_len, build_tokenizer("byte").eod_id, shuffle=False)
     ids = spread_windows(ds.num_windows, 8)
     assert ids[-1] > ds.num_windows * 7 // 8
     assert spread["domains"]["moby"]["loss"] == _reference_loss(trained, bundled_sample_path("moby_dick"), 8, 4, ids)

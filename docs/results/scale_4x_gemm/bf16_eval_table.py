@@ -10,9 +10,10 @@ and each - BF16, paired by seed, in both evaluations.
 """
 
 import json
-import statistics
 import sys
 from pathlib import Path
+
+from experiments.comparison.aggregate import paired
 
 DOMAINS = {"val_loss": "valid", "val_loss_moby_dick": "moby_dick", "val_loss_python_docs": "python_docs"}
 evals = {}
@@ -33,16 +34,16 @@ for runs in map(Path, sys.argv[1:]):
         print(f"{runs.name}/{rec['name']}: own plan reproduces the record bit for bit: {same}")
 
 
-def paired(a: str, b: str, which: str) -> str:
-    cells = []
+def cells(a: str, b: str, which: str) -> str:
+    """``a`` − ``b`` per domain, paired by seed (``experiments.comparison.aggregate.paired``)."""
+    out = []
     for k in DOMAINS:
-        diffs = [evals[(a, s)][which][k] - evals[(b, s)][which][k] for (p, s) in evals if p == a and (b, s) in evals]
-        se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
-        cells.append(f"{statistics.mean(diffs):+.4f} ± {se:.4f} ({len(diffs)})")
-    return " | ".join(cells)
+        mean, std, n = paired(*({s: v[which][k] for (p, s), v in evals.items() if p == pol} for pol in (a, b)))
+        out.append(f"{mean:+.4f} ± {std / n ** 0.5:.4f} ({n})")
+    return " | ".join(out)
 
 
 print("\n| Δ (mean ± SE, pairs) | evaluated in | training | Moby-Dick | Python docs |\n|---|---|---|---|---|")
 for a, b in [("snip", "tail+switch"), ("snip", "bf16"), ("tail+switch", "bf16")]:
     for which, label in [("plan", "the final plan"), ("bf16", "BF16")]:
-        print(f"| `{a}` − `{b}` | {label} | {paired(a, b, which)} |")
+        print(f"| `{a}` − `{b}` | {label} | {cells(a, b, which)} |")

@@ -28,7 +28,8 @@ objectives = []  # (seed, step, {policy: objective})
 for run in sorted(RUNS.glob(f"snip_{STEM}_seed*")):
     seed = int(re.search(r"seed(\d+)$", run.name).group(1))
     for stats_path in sorted((run / "plans").glob("step_*_stats.json")):
-        costs = snip_costs(json.loads(stats_path.read_text()))
+        snapshot = json.loads(stats_path.read_text())
+        costs = snip_costs(snapshot)
         sums = defaultdict(float)
         for g, c in costs.items():
             sums[(g.layer, g.gemm)] += c["fp4_block"] - c["fp8_block"]
@@ -41,7 +42,7 @@ for run in sorted(RUNS.glob(f"snip_{STEM}_seed*")):
             if plan.is_file():
                 entries = json.loads(plan.read_text())["entries"]
                 row[policy] = sum(c[entries[f"{g.layer}.{g.linear}.{g.gemm}"]] for g, c in costs.items())
-        objectives.append((seed, plan_name[5:11], row))
+        objectives.append((seed, snapshot["step"], row))
 
 layers = sorted({k[0] for k in by_block})
 n = len(next(iter(by_block.values())))
@@ -50,4 +51,4 @@ for layer in layers:
     print(f"| {layer} | " + " | ".join(f"{statistics.mean(by_block[(layer, g)]):.3f}" for g in GEMMS) + " |")
 print("\n| seed | step | SNIP's plan | `tail`'s plan | `bf16_ends`'s plan |   (objective under SNIP's costs)\n|---|---|---|---|---|")
 for seed, step, row in objectives:
-    print(f"| {seed} | {int(step)} | " + " | ".join(f"{row[p]:.3f}" if p in row else "-" for p in ("snip", "tail", "bf16-ends")) + " |")
+    print(f"| {seed} | {step} | " + " | ".join(f"{row[p]:.3f}" if p in row else "-" for p in ("snip", "tail", "bf16-ends")) + " |")
