@@ -131,6 +131,7 @@ class PrecisionConfig:
 
 CURVATURE_NOISE = ("gaussian", "error")  # snip.curvature_noise: directions of SNIP's forward noise
 LOSS_FIRST_ORDER = ("abs", "signed", "momentum")  # snip.loss_first_order: the loss divergence's first-order term
+WEIGHT_DIVERGENCE = ("norm", "squared")  # snip.weight_divergence: how the weight divergence measures an update error
 SNIP_TARGETS = ("fp4_share", "gemm_time", "both")  # snip.target
 SNIP_BUDGETS = ("plan", "run")  # snip.budget
 
@@ -172,6 +173,10 @@ class SnipConfig:
     # The loss divergence's first-order term: "abs" (mean per-batch |<G, e_Y>|), "signed" (mean <G, e_Y>,
     # a systematic gain counts), "momentum" (signed, the weight error's part from AdamW's m̂). snip/metrics.py.
     loss_first_order: str = "abs"
+    # The weight divergence of a GEMM: "norm" (‖update error‖ / ‖update‖, the default and every recorded
+    # result) or "squared" (‖update error‖² / ‖update‖²: additive over GEMMs, as the ILP's sum assumes, and
+    # what AdamW's steady-state excess loss from update noise scales with). snip/metrics.py, docs/snip.md.
+    weight_divergence: str = "norm"
     propagation_sequences: int = 1  # sequences of the first probe batch for the exact dgrad-propagation pass
     # Policy "truth" only (the oracle of snip/truth.py): training micro-batches its measured divergences
     # are averaged over, from the re-plan step's data on. Each costs 3 passes per linear and format.
@@ -226,6 +231,8 @@ class SnipConfig:
             raise field_error("snip.curvature_noise", self.curvature_noise, f"choose one of {list(CURVATURE_NOISE)}")
         if self.loss_first_order not in LOSS_FIRST_ORDER:
             raise field_error("snip.loss_first_order", self.loss_first_order, f"choose one of {list(LOSS_FIRST_ORDER)}")
+        if self.weight_divergence not in WEIGHT_DIVERGENCE:
+            raise field_error("snip.weight_divergence", self.weight_divergence, f"choose one of {list(WEIGHT_DIVERGENCE)}")
         if self.warmup < 0:
             raise field_error("snip.warmup", self.warmup, "must be >= 0")
         if self.probe_micro_batch_size < 0:

@@ -10,9 +10,13 @@ each with its own loss L_b, G_b = ∂L_b/∂Y_b):
                          "momentum" <m̂, Q(W)-W> + (1/n) Σ_b (<G_b, e_Y,b> - <dW_b, Q(W)-W>)
                                     (signed; the weight error's part, the same for every batch, priced
                                     with AdamW's momentum m̂ instead of the n probe gradients)
-    weight divergence  ΔW(ℓ,f) = ΔW_wgrad + ΔW_dgrad, both relative to ‖u‖ = ‖ḡ ⊘ (√v̂+eps)‖:
-        ΔW_wgrad = ‖ē_dW(f) ⊘ (√v̂+eps)‖ / ‖u‖          (this layer's own update error)
-        ΔW_dgrad = γ_ℓ · ‖ē_dX(f)‖ / ‖u‖               (error propagated to earlier layers)
+    weight divergence  ΔW(ℓ,f) = ΔW_wgrad + ΔW_dgrad, both relative to ‖u‖ = ‖ḡ ⊘ (√v̂+eps)‖, by the
+                       snapshot's "weight_divergence" (snip.weight_divergence):
+                         "norm"     ΔW_wgrad = ‖ē_dW(f) ⊘ (√v̂+eps)‖ / ‖u‖   (this layer's own update error)
+                                    ΔW_dgrad = γ_ℓ · ‖ē_dX(f)‖ / ‖u‖        (error propagated to earlier layers)
+                         "squared"  the squares of both: (‖·‖ / ‖u‖)²; squared norms of independent
+                                    errors add, over the GEMMs the ILP sums and over the parameters
+                                    an error reaches, as the excess loss from update noise does
 
 where κ_ℓ = curv_num / curv_den (Hutchinson, one-sided against the reference pass),
 γ_ℓ = sqrt(num / den) of the propagation pass (preconditioned gain of a unit upstream
@@ -72,14 +76,15 @@ def linear_divergences(snapshot: Mapping[str, Any]) -> dict[str, dict[str, Linea
     update_norm = math.sqrt(snapshot["total_sq_update"]) or 1.0
     out: dict[str, dict[str, LinearDivergence]] = {}
     first_order = FIRST_ORDER[snapshot.get("loss_first_order", "abs")]
+    power = WEIGHT_POWER[snapshot.get("weight_divergence", "norm")]
     for key, s in snapshot["linears"].items():
         kappa, gamma = max(curvature(s), 0.0), propagation_gain(snapshot, key)
         out[key] = {
             f: LinearDivergence(
                 loss_first_order=first_order(pf, n),
                 loss_second_order=0.5 * kappa * pf["sq_ey"] / n,
-                weight_wgrad=math.sqrt(pf["sq_edw_precond"]) / update_norm,
-                weight_dgrad=gamma * math.sqrt(pf["sq_edx"]) / n / update_norm,
+                weight_wgrad=(math.sqrt(pf["sq_edw_precond"]) / update_norm) ** power,
+                weight_dgrad=(gamma * math.sqrt(pf["sq_edx"]) / n / update_norm) ** power,
             )
             for f, pf in s["per_format"].items()
         }
@@ -92,6 +97,10 @@ FIRST_ORDER = {
     "signed": lambda pf, n: pf["grad_dot_ey"] / n,
     "momentum": lambda pf, n: pf["m_dot_ew"] + (pf["grad_dot_ey"] - pf["grad_dot_ew"]) / n,
 }
+
+
+# The weight divergence's power of the relative update error, by snip.weight_divergence (module docstring).
+WEIGHT_POWER = {"norm": 1, "squared": 2}
 
 
 def _normalizer(values: dict[str, dict[str, float]]) -> float:

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from megatron_snip.config import CURVATURE_NOISE, LOSS_FIRST_ORDER
+from megatron_snip.config import CURVATURE_NOISE, LOSS_FIRST_ORDER, WEIGHT_DIVERGENCE
 from megatron_snip.model.layers import ColumnParallelLinear, PrecisionLinear
 from megatron_snip.model.recompute import keep_intermediates
 from megatron_snip.precision.plan import LINEARS, GemmPrecision
@@ -106,12 +106,16 @@ class ProbeConfig:
     curvature_noise: str = "gaussian"
     # How snip/metrics.py reads the first-order sums (stamped into the snapshot as "loss_first_order").
     loss_first_order: str = "abs"
+    # How snip/metrics.py measures an update error (stamped into the snapshot as "weight_divergence").
+    weight_divergence: str = "norm"
 
     def __post_init__(self) -> None:
         if self.curvature_noise not in CURVATURE_NOISE:
             raise ValueError(f"snip.curvature_noise={self.curvature_noise!r}: choose one of {list(CURVATURE_NOISE)}")
         if self.loss_first_order not in LOSS_FIRST_ORDER:
             raise ValueError(f"snip.loss_first_order={self.loss_first_order!r}: choose one of {list(LOSS_FIRST_ORDER)}")
+        if self.weight_divergence not in WEIGHT_DIVERGENCE:
+            raise ValueError(f"snip.weight_divergence={self.weight_divergence!r}: choose one of {list(WEIGHT_DIVERGENCE)}")
 
 
 class StatsCollector:
@@ -275,6 +279,7 @@ class StatsCollector:
             "replicas": 1,
             "noise_passes": noise_passes,
             "loss_first_order": self.cfg.loss_first_order,
+            "weight_divergence": self.cfg.weight_divergence,
             "linears": sums,
             "propagation": propagation,
             "timings": timings,

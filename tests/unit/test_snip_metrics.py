@@ -191,7 +191,9 @@ def test_probe_config_and_snip_config_reject_unknown_estimator_modes():
         ProbeConfig(formats=("fp8",), curvature_noise="uniform")
     with pytest.raises(ValueError, match="loss_first_order"):
         ProbeConfig(formats=("fp8",), loss_first_order="none")
-    for key in ("curvature_noise", "loss_first_order"):
+    with pytest.raises(ValueError, match="weight_divergence"):
+        ProbeConfig(formats=("fp8",), weight_divergence="cubed")
+    for key in ("curvature_noise", "loss_first_order", "weight_divergence"):
         with pytest.raises(ValueError, match=f"snip.{key}='x'"):
             load_config("launch/configs/tiny.toml", [f'snip.{key}="x"'])
 
@@ -276,6 +278,35 @@ def test_normalized_costs_and_baseline_costs():
     rel = relative_error_costs(snap)
     assert all(c["bf16"] == 0.0 and c["nvfp4"] > c["fp8"] > 0 for c in rel.values())
     assert snap["linears"]["0.fc1"]["per_format"]["nvfp4"]["sq_qerr_w"] > 0
+
+
+def test_squared_weight_divergence_squares_both_parts_and_leaves_the_loss_alone():
+    """snip.weight_divergence="squared": ΔW_wgrad and ΔW_dgrad are the squares of the "norm" ones
+    (relative update errors), computed from the same sums; ΔL is unchanged; a snapshot without the
+    field (written before it existed) reads as "norm"."""
+    tr = QuadraticTrainer(two=True)
+    tr.set_adam_state(v_hat=0.01)
+    snap = StatsCollector(ProbeConfig(formats=("fp8", "nvfp4"), noise_draws=1, weight_divergence="squared")).collect(
+        tr, [torch.randn(T, K)], step=1)
+    assert snap["weight_divergence"] == "squared"
+    squared = linear_divergences(snap)
+    norm = linear_divergences({**snap, "weight_divergence": "norm"})
+    legacy = dict(snap)
+    del legacy["weight_divergence"]
+    assert linear_divergences(legacy) == norm
+    for key, per_f in squared.items():
+        for f, d in per_f.items():
+            n = norm[key][f]
+            assert d.loss == n.loss
+            assert d.weight_wgrad == n.weight_wgrad ** 2 and d.weight_dgrad == n.weight_dgrad ** 2
+            assert n.weight_wgrad > 0
+    assert norm["0.fc2"]["nvfp4"].weight_dgrad > 0  # fc1, the first linear, has no earlier parameters
+    # The ILP's costs: the squares, normalized by their own total at the harshest format.
+    costs = snip_costs(snap)
+    wgrad = {g: c for g, c in costs.items() if g.gemm == "wgrad"}
+    total = max(sum(d[f].weight for d in squared.values()) for f in ("fp8", "nvfp4"))
+    g = GemmId(0, "fc2", "wgrad")
+    assert wgrad[g]["nvfp4"] == pytest.approx(squared["0.fc2"]["nvfp4"].weight_wgrad / total, rel=1e-12)
 
 
 @pytest.mark.parametrize("mode", ["signed", "momentum"])
