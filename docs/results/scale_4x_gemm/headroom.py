@@ -1,0 +1,40 @@
+"""Can the goal "SNIP beats the rule by > 2 SE" be met at all with these seeds? The headroom table.
+
+    python docs/results/scale_4x_gemm/headroom.py docs/results/scale_4x_gemm/results_plan.jsonl
+
+Per rule, on the training domain (``val_loss``), paired by seed: the rule's gap to BF16, rule − BF16;
+SNIP − rule as measured; and the best SNIP could do if it trained exactly as BF16 on every seed
+(SNIP − rule = BF16 − rule, whose SE is the spread of the rule's own gap). The goal needs SNIP − rule
+< −2 SE; where even the BF16 bound misses it, no plan at this FP4 share can meet it on these seeds.
+The seeds it would take (n ≥ (2·sd / |mean|)², the bound's per-seed spread and mean held) close the table.
+"""
+
+import json
+import math
+import sys
+
+from experiments.comparison.aggregate import by_seed, paired
+
+FAMILY, RHO = ("fp8_block", "fp4_block"), 0.8
+records = [json.loads(line) for path in sys.argv[1:] for line in open(path)]
+records = [r for r in records if r.get("status") == "ok"]
+bf16 = by_seed(records, "bf16", None, None, "val_loss")
+snip = by_seed(records, "snip", FAMILY, RHO, "val_loss")
+
+
+def cell(mean: float, sd: float, n: int) -> str:
+    return f"{mean:+.4f} ± {sd / math.sqrt(n):.4f}"
+
+
+print("| rule | rule − BF16 | SNIP − rule | bound: BF16 − rule | bound < −2 SE? | seeds the bound needs |")
+print("|---|---|---|---|---|---|")
+for rule, formats in (("tail", FAMILY), ("bf16_ends", FAMILY), ("attn_protected", FAMILY), ("mlp_only", FAMILY),
+                      ("uniform:fp4_block", None)):
+    ruled = by_seed(records, rule, formats, RHO if formats else None, "val_loss")
+    gap, gap_sd, n = paired(ruled, bf16)
+    diff, diff_sd, m = paired(snip, ruled)
+    bound, bound_sd = -gap, gap_sd  # BF16 − rule per seed
+    met = bound < -2 * bound_sd / math.sqrt(n)
+    need = math.ceil((2 * bound_sd / abs(bound)) ** 2) if bound < 0 else "never (the rule is at BF16)"
+    print(f"| `{rule}` | {cell(gap, gap_sd, n)} | {cell(diff, diff_sd, m)} | {cell(bound, bound_sd, n)} | "
+          f"{'yes' if met else 'no'} | {need} |")
