@@ -206,10 +206,10 @@ def spread_windows(num_windows: int, count: int) -> np.ndarray:
 def eval_window_batches(ds: GPTDataset, batches: int, size: int, windows: str = "first") -> list[torch.Tensor]:
     """The periodic evaluation's batches of one validation set, each (size, seq_len + 1) int64:
     ``"first"``: samples [0, batches * size) in order (the first windows of an unshuffled set);
-    ``"spread"``: ``spread_windows`` of ``batches * size`` over the set, cut to whole batches."""
-    if windows == "first":
-        return [ds.batch(i * size, size) for i in range(batches)]
-    out = list(eval_micro_batches(ds, size, max_samples=batches * size, windows="spread"))
+    ``"spread"``: ``spread_windows`` of ``batches * size`` over the set. Either way cut to whole
+    batches of distinct windows: a set smaller than ``batches * size`` gives fewer batches (all of
+    its windows that fill one), never a window twice."""
+    out = list(eval_micro_batches(ds, size, max_samples=batches * size, windows=windows))
     if not out:
         raise ValueError(f"a validation set holds {ds.num_windows} windows, fewer than one batch of "
                          f"training.micro_batch_size={size}; lower it or give the set more text")

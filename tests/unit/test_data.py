@@ -522,8 +522,13 @@ def test_eval_window_batches_first_is_the_old_evaluation_and_spread_reaches_the_
     assert ids[-1] >= len(gpt) * 7 // 8  # the last slice of the set is read
     everything = eval_window_batches(gpt, 10_000, 4, "spread")  # asks for more than there is: whole batches of all
     assert sum(len(b) for b in everything) == len(gpt) // 4 * 4
-    with pytest.raises(ValueError, match="micro_batch_size=4096"):
-        eval_window_batches(gpt, 1, 4096, "spread")
+    for windows in ("first", "spread"):
+        with pytest.raises(ValueError, match="micro_batch_size=4096"):
+            eval_window_batches(gpt, 1, 4096, windows)
+    # "first" on a set smaller than asked: its whole batches, each window once (it read past the end
+    # before, which wraps around to the set's first windows again)
+    firsts = eval_window_batches(gpt, 10_000, 4, "first")
+    assert [b.tolist() for b in firsts] == [gpt.batch(s, 4).tolist() for s in range(0, len(gpt) // 4 * 4, 4)]
 
 
 def test_eval_micro_batches_spread_are_the_training_evaluations_batches_split_over_dp(tmp_path):

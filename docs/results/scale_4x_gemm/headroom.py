@@ -12,11 +12,12 @@ The seeds it would take (n ≥ (2·sd / |mean|)², the bound's per-seed spread a
 import json
 import math
 import sys
+from pathlib import Path
 
 from experiments.comparison.aggregate import by_seed, paired
 
 FAMILY, RHO = ("fp8_block", "fp4_block"), 0.8
-records = [json.loads(line) for path in sys.argv[1:] for line in open(path)]
+records = [json.loads(line) for path in sys.argv[1:] for line in Path(path).read_text().splitlines()]
 records = [r for r in records if r.get("status") == "ok"]
 bf16 = by_seed(records, "bf16", None, None, "val_loss")
 snip = by_seed(records, "snip", FAMILY, RHO, "val_loss")
