@@ -1,6 +1,7 @@
 """Can the goal "SNIP beats the rule by > 2 SE" be met at all with these seeds? The headroom table.
 
-    python docs/results/scale_4x_gemm/headroom.py docs/results/scale_4x_gemm/results_plan.jsonl
+    python docs/results/scale_4x_gemm/headroom.py docs/results/scale_4x_gemm/results_plan.jsonl \
+        docs/results/scale_4x_gemm/results_random.jsonl
 
 Per rule, on the training domain (``val_loss``), paired by seed: the rule's gap to BF16, rule − BF16;
 SNIP − rule as measured; and the best SNIP could do if it trained exactly as BF16 on every seed
@@ -30,8 +31,10 @@ def cell(mean: float, sd: float, n: int) -> str:
 print("| rule | rule − BF16 | SNIP − rule | bound: BF16 − rule | bound < −2 SE? | seeds the bound needs |")
 print("|---|---|---|---|---|---|")
 for rule, formats in (("tail", FAMILY), ("bf16_ends", FAMILY), ("attn_protected", FAMILY), ("mlp_only", FAMILY),
-                      ("uniform:fp4_block", None)):
+                      ("random", FAMILY), ("uniform:fp4_block", None)):
     ruled = by_seed(records, rule, formats, RHO if formats else None, "val_loss")
+    if not ruled:  # not in the records given
+        continue
     gap, gap_sd, n = paired(ruled, bf16)
     diff, diff_sd, m = paired(snip, ruled)
     bound, bound_sd = -gap, gap_sd  # BF16 − rule per seed

@@ -1,7 +1,7 @@
 #!/bin/bash
 # 6.46M, seeds 1-4, on the bases of ../scale_4x_gemm/: the static `random` rule (not run there), then
 # the shipped snip of seed 1 again, which must reproduce its record of commit 18ba018 exactly for
-# the new runs to pair with that page's records (protocol.md, "Added: random at 6.46M").
+# the new runs to pair with that page's records (../weight_divergence/protocol.md, "Added at 2026-12-05 00:40 UTC").
 set -x
 # WT: a worktree of commit 67ea6c6 holding corpus/python_docs.jsonl; BASES: the out-dir of
 # ../scale_4x_gemm/ holding base_seed1..4 and their records (runs/s4g_plan).
