@@ -15,6 +15,7 @@ if [ ! -f $d/results.jsonl ]; then
   for s in 1 2 3 4; do cp -r $BASES/base_seed$s $d/; done
   grep '"policy": "base"' $BASES/results.jsonl >> $d/results.jsonl
 fi
-python3 -m experiments.compare_policies $COMMON --seeds 1,2 --policies 'snip;tail' --out-dir $d --report $d/report.md
-python3 -m experiments.compare_policies $COMMON --seeds 3,4 --policies 'snip;tail' --out-dir $d --report $d/report.md
+POLICIES=${POLICIES:-snip;tail}  # the first runs; then POLICIES=random (protocol, "random at ρ = 0.9")
+python3 -m experiments.compare_policies $COMMON --seeds 1,2 --policies "$POLICIES" --out-dir $d --report $d/report.md
+python3 -m experiments.compare_policies $COMMON --seeds 3,4 --policies "$POLICIES" --out-dir $d --report $d/report.md
 echo ALLDONE
