@@ -1,7 +1,11 @@
 """Can the goal "SNIP beats the rule by > 2 SE" be met at all with these seeds? The headroom table.
 
-    python docs/results/scale_4x_gemm/headroom.py docs/results/scale_4x_gemm/results_plan.jsonl \
-        docs/results/scale_4x_gemm/results_random.jsonl
+    python docs/results/scale_4x_gemm/headroom.py [--rho 0.8] RECORDS.jsonl [RECORDS.jsonl ...]
+
+(the ρ = 0.8 table: results_plan.jsonl results_random.jsonl; ρ = 0.9: --rho 0.9 results_rho09.jsonl
+results_rho09_run.jsonl results_plan.jsonl, the last for the BF16 and uniform runs of the same bases).
+SNIP is the shipped default: its plan-budget runs only; a rule is read whatever its budget
+(`tail+switch` runs under the run budget).
 
 Per rule, on the training domain (``val_loss``), paired by seed: the rule's gap to BF16, rule − BF16;
 SNIP − rule as measured; and the best SNIP could do if it trained exactly as BF16 on every seed
@@ -10,18 +14,24 @@ SNIP − rule as measured; and the best SNIP could do if it trained exactly as B
 The seeds it would take (n ≥ (2·sd / |mean|)², the bound's per-seed spread and mean held) close the table.
 """
 
+import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
 from experiments.comparison.aggregate import by_seed, paired
 
-FAMILY, RHO = ("fp8_block", "fp4_block"), 0.8
-records = [json.loads(line) for path in sys.argv[1:] for line in Path(path).read_text().splitlines()]
+FAMILY = ("fp8_block", "fp4_block")
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--rho", type=float, default=0.8, help="FP4 target of the runs to tabulate")
+parser.add_argument("records", nargs="+", help="results.jsonl files")
+args = parser.parse_args()
+RHO = args.rho
+records = [json.loads(line) for path in args.records for line in Path(path).read_text().splitlines()]
 records = [r for r in records if r.get("status") == "ok"]
 bf16 = by_seed(records, "bf16", None, None, "val_loss")
-snip = by_seed(records, "snip", FAMILY, RHO, "val_loss")
+snip = by_seed([r for r in records if r.get("config", {}).get("snip", {}).get("budget", "plan") == "plan"],
+               "snip", FAMILY, RHO, "val_loss")
 
 
 def cell(mean: float, sd: float, n: int) -> str:
@@ -30,7 +40,7 @@ def cell(mean: float, sd: float, n: int) -> str:
 
 print("| rule | rule − BF16 | SNIP − rule | bound: BF16 − rule | bound < −2 SE? | seeds the bound needs |")
 print("|---|---|---|---|---|---|")
-for rule, formats in (("tail", FAMILY), ("bf16_ends", FAMILY), ("attn_protected", FAMILY), ("mlp_only", FAMILY),
+for rule, formats in (("tail", FAMILY), ("tail+switch", FAMILY), ("bf16_ends", FAMILY), ("attn_protected", FAMILY), ("mlp_only", FAMILY),
                       ("random", FAMILY), ("uniform:fp4_block", None)):
     ruled = by_seed(records, rule, formats, RHO if formats else None, "val_loss")
     if not ruled:  # not in the records given
