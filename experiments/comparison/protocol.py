@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]  # the runs start here, so relative p
 
 FORMAT_FREE_POLICIES = ("bf16", "uniform:fp8", "uniform:nvfp4", "uniform:mxfp4")
 FORMAT_POLICIES = ("bf16_ends", "tail", "attn_protected", "mlp_only", "layer_type", "min_rel_err", "random", "snip",
-                   "truth", "tail+switch", "bf16_ends+switch")
+                   "truth", "tail+switch", "bf16_ends+switch", "snip+switch")
 # Run only when --policies names them: the truth policy's re-plan measures every linear's divergences
 # by brute force (megatron_snip/snip/truth.py), hundreds of passes, for ablations.
 ORACLE_POLICIES = ("truth",)
@@ -33,8 +33,11 @@ ORACLE_POLICIES = ("truth",)
 # promoted, fprop first, where a run-level budget lowers the share; the rule itself under the plan budget):
 # run with --set snip.budget=run (docs/snip.md, "Run-level FP4 budget").
 PRODUCTION_RULES = ("tail", "attn_protected", "mlp_only", "tail+switch", "bf16_ends+switch")
+# SNIP's plan with NVIDIA's switch (``snip+switch``, the same time freedom from SNIP's plan): an
+# ablation of the run budget, run only when --policies names it, with --set snip.budget=run.
+ABLATIONS = ("snip+switch",)
 DEFAULT_POLICIES = FORMAT_FREE_POLICIES + tuple(p for p in FORMAT_POLICIES
-                                                if p not in ORACLE_POLICIES + PRODUCTION_RULES)
+                                                if p not in ORACLE_POLICIES + PRODUCTION_RULES + ABLATIONS)
 STATIC_BASELINES = ("bf16_ends", "layer_type", "random")  # candidates for the sweep's "best static baseline"
 DEFAULT_FORMAT_SETS = (("fp8", "nvfp4"), ("fp8", "mxfp4"))
 TRAIN_DOMAIN = "val_loss"

@@ -45,9 +45,9 @@ def test_primary_runs_dedup_format_free_policies():
         assert sorted(r.seed for r in mine) == [1, 2, 3]  # once per seed, not once per format set
         assert all(r.formats is None and r.rho is None for r in mine)
     assert not [r for r in runs if r.policy in protocol.ORACLE_POLICIES]  # only when --policies names them
-    assert not [r for r in runs if r.policy in protocol.PRODUCTION_RULES]  # likewise
+    assert not [r for r in runs if r.policy in protocol.PRODUCTION_RULES + protocol.ABLATIONS]  # likewise
     for pol in protocol.FORMAT_POLICIES:
-        if pol in protocol.ORACLE_POLICIES + protocol.PRODUCTION_RULES:
+        if pol in protocol.ORACLE_POLICIES + protocol.PRODUCTION_RULES + protocol.ABLATIONS:
             continue
         mine = [r for r in runs if r.policy == pol]
         assert sorted((r.formats, r.seed) for r in mine) == sorted((fs, s) for fs in (NV, MX) for s in (1, 2, 3))

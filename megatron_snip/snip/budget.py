@@ -449,8 +449,8 @@ def plan_lr_scale(cfg: Config, step: int) -> float:
 
 def schedule_lines(cfg: Config) -> list[str]:
     """The dry run's account of a run-level budget (``snip.budget = "run"``): horizon, re-plan steps,
-    interval weights, and the schedule a static rule would get (cost linear in the share: no
-    statistics yet). Empty under the plan budget."""
+    interval weights, and the schedule a static rule or a ``<rule>+switch`` gets (cost linear in the
+    share, ``policies.cost_curve``). Empty under the plan budget."""
     s = cfg.snip
     if s.budget != "run":
         return []
@@ -469,7 +469,7 @@ def schedule_lines(cfg: Config) -> list[str]:
         f"(lr_peak/lr)^{s.budget_lr_power:g}"),
         f"  re-plans at {list(rb.points)}{onset}; interval weights "
         + ", ".join(f"{iv.start}-{iv.end}: {float(iv.weight):.3g}" for iv in ivs),
-        "  a static rule (cost linear in the share) plans " + ", ".join(
+        "  a static rule or a <rule>+switch (cost linear in the share) plans " + ", ".join(
             f"{iv.start}-{iv.end}: {float(x):g}" for iv, x in zip(ivs, alloc.shares))
         + "; SNIP re-solves at every re-plan on its measured cost curve",
     ]

@@ -40,6 +40,7 @@ from megatron_snip.snip.metrics import predicted_divergence
 from megatron_snip.snip.policies import (
     PlanContext,
     SolveTimeoutError,
+    check_policy_context,
     cost_curve,
     make_plan,
     parse_policy,
@@ -91,6 +92,7 @@ class SnipController:
         self.spec = parse_policy(s.policy)  # ValueError on a bad spec, before training starts
         self.context = PlanContext.for_run(s, cfg.model.num_layers, linear_numel(model_linear_shapes(cfg.model)),
                                            cfg.parallel.pp, backend=cfg.precision.backend)
+        check_policy_context(s.policy, self.context)
         # The statistics measure exactly the formats a plan may choose: under a time target, not the ones
         # slower than BF16 on the target GPU (PlanContext.candidates), so none of them sets the noise
         # scale or the metrics' normalization (the harshest format). The snapshot's "formats" lists them.

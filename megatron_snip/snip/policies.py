@@ -33,11 +33,14 @@ spec                plan
                     overshoots rho, it stays there - the point is the layer-type rule.
 ``random``          seeded random order of the decision units, FP4 until rho is met
                     (per stage when stages are given), the rest high precision
-``<rule>+switch``   a static rule with NVIDIA's switch (arXiv 2509.25149 App. D) for a run-level
+``<rule>+switch``   a rule with NVIDIA's switch (arXiv 2509.25149 App. D) for a run-level
                     budget (``snip.budget = "run"``, ``snip/budget.py``): at an interval share at or
                     above the run target rho, the rule itself at that share; below it, the rule's plan
                     at rho with its FP4 GEMMs promoted, fprop first, then dgrad, then wgrad, each
                     from the last block backwards (``rules.switch_entries``), e.g. ``tail+switch``.
+                    The rule is a static one or an ILP policy (``snip+switch``: SNIP's plan in
+                    space, NVIDIA's switch in time; two candidates only). The allocation over time
+                    is a static rule's (a linear cost curve, see ``cost_curve``) either way.
                     Under the plan budget it is the rule (the share is rho)
 
 With ``fair_share`` (``snip.fair_share``) the static rules become orders of protection instead:
@@ -167,7 +170,7 @@ def parse_policy(spec: str) -> PolicySpec:
         rule = text[: -len(SWITCH)]
         base = parse_policy(rule) if rule else None
         if base is None or base.name not in SWITCHABLE:
-            raise ValueError(f"policy spec {spec!r}: '{SWITCH}' follows a static rule, one of "
+            raise ValueError(f"policy spec {spec!r}: '{SWITCH}' follows a static rule or an ILP policy, one of "
                              f"{[f'{name}{SWITCH}' for name in SWITCHABLE]} (with its arguments, e.g. tail:4{SWITCH})")
         return replace(base, spec=text, switch=True)
     name, sep, arg = text.partition(":")
@@ -175,7 +178,7 @@ def parse_policy(spec: str) -> PolicySpec:
         raise ValueError(f"policy spec {spec!r} has an empty argument after ':'; forms: {POLICY_FORMS}")
     policy = POLICIES.get(name)
     if policy is None:
-        raise ValueError(f"unknown policy {spec!r}; choose one of {POLICY_FORMS} (a static rule may add {SWITCH!r})")
+        raise ValueError(f"unknown policy {spec!r}; choose one of {POLICY_FORMS} (a rule may add {SWITCH!r})")
     return policy.parse(spec, text, arg if sep else None)
 
 
@@ -278,17 +281,31 @@ def make_plan(
     """
     ps = parse_policy(spec)
     if ps.switch:
-        return _make_switch(ps, ctx)
+        return _make_switch(ps, ctx, costs, previous)
     return ps.policy.make(ps, ctx, costs, previous)
+
+
+def check_policy_context(spec: str, ctx: PlanContext) -> None:
+    """What ``parse_policy`` cannot check without the run's context (the controller calls it at start-up):
+    ``<ILP policy>+switch`` needs exactly two candidates. The switch moves FP4 GEMMs to the one
+    high-precision candidate; with more, the ILP's plan would hold formats the switch cannot keep
+    apart. ValueError naming the candidates and the fix otherwise."""
+    ps = parse_policy(spec)
+    if ps.switch and ps.policy.needs_costs and len(ctx.candidates) != 2:
+        raise ValueError(f"snip.policy={spec!r} needs exactly two candidate formats (a high-precision one and an "
+                         f"FP4 one); got snip.formats={list(ctx.candidates)}: keep one non-FP4 format, or use "
+                         f"{spec[: -len(SWITCH)]!r} without {SWITCH!r}")
 
 
 def cost_curve(spec: str, ctx: PlanContext, costs: Costs | None, grid: Sequence[Fraction]) -> list[Fraction | float]:
     """C(s) at each FP4 share of ``grid`` for the run-level budget (``snip/budget.py``): an ILP
     policy's optimal objective at ``fp4_target = s`` on ``costs`` (``math.inf`` where no plan reaches
     s); a static rule's ``s`` itself (no measured costs: every FP4 FLOP alike, so its curve is linear
-    and the allocation bang-bang)."""
+    and the allocation bang-bang). A ``<rule>+switch`` is NVIDIA's recipe in time whatever its rule,
+    so ``snip+switch`` takes the linear curve too: it spends the share over the run as ``tail+switch``
+    does and differs from it only in the plan it starts from."""
     ps = parse_policy(spec)
-    if not ps.policy.needs_costs:
+    if ps.switch or not ps.policy.needs_costs:
         return list(grid)
     if costs is None:
         raise ValueError(f"policy {spec!r} needs costs (per-GEMM, per-format) for its cost curve; got costs=None")
@@ -299,15 +316,18 @@ def cost_curve(spec: str, ctx: PlanContext, costs: Costs | None, grid: Sequence[
                                                num_workers=ctx.num_workers, seed=ctx.seed)]
 
 
-def _make_switch(ps: PolicySpec, ctx: PlanContext) -> PrecisionPlan:
+def _make_switch(ps: PolicySpec, ctx: PlanContext, costs: Costs | None,
+                 previous: PrecisionPlan | None) -> PrecisionPlan:
     """``<rule>+switch``: the rule at this share when it is >= the run target, else the rule's plan at
-    the run target with GEMMs promoted down to this share (``rules.switch_entries``)."""
+    the run target with GEMMs promoted down to this share (``rules.switch_entries``). An ILP rule
+    solves on ``costs`` (warm-started from ``previous``) both times."""
+    check_policy_context(ps.spec, ctx)
     rule = replace(ps, spec=ps.spec[: -len(SWITCH)], switch=False)
     rho = ctx.fp4_target if ctx.run_target is None else ctx.run_target
     if ctx.fp4_target >= rho:
-        plan = rule.policy.make(rule, ctx, None, None)
+        plan = rule.policy.make(rule, ctx, costs, previous)
         return replace(plan, policy=ps.spec, extra=tuple(sorted({**dict(plan.extra), "switched": False}.items())))
-    base = rule.policy.make(rule, replace(ctx, fp4_target=rho), None, None)
+    base = rule.policy.make(rule, replace(ctx, fp4_target=rho), costs, previous)
     return _static_plan(ps, ctx, switch_entries(ctx, base.as_dict()), switched=True,
                         switch_base_share=base.fp4_flops_share)
 
@@ -471,9 +491,10 @@ POLICIES: Mapping[str, Policy] = MappingProxyType({p.name: p for p in (
     Policy("snip", ("snip",), _parse_plain, _ilp_plan, statistics="all", costs=snip_costs),
     Policy("truth", ("truth",), _parse_plain, _ilp_plan, statistics="truth", costs=truth_costs),
 )})
-# ``<rule>+switch`` (module docstring): the static rules whose share a run-level budget can move.
+# ``<rule>+switch`` (module docstring): the rules whose plan a run-level budget's switch can promote
+# (``truth`` is left out: an oracle of one process, not a recipe).
 SWITCH = "+switch"
-SWITCHABLE = ("bf16_ends", "tail", "attn_protected", "mlp_only", "layer_type", "random")
+SWITCHABLE = ("bf16_ends", "tail", "attn_protected", "mlp_only", "layer_type", "random", "min_rel_err", "snip")
 POLICY_FORMS: tuple[str, ...] = tuple(form for p in POLICIES.values() for form in p.forms)
 
 
@@ -487,6 +508,7 @@ __all__ = [
     "Policy",
     "PolicySpec",
     "SolveTimeoutError",
+    "check_policy_context",
     "cost_curve",
     "make_plan",
     "needs_costs",

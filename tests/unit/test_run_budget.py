@@ -17,10 +17,12 @@ from megatron_snip.config import load_config
 from megatron_snip.config.schedule import lr_at, wsd_decay_start
 from megatron_snip.model.shapes import linear_numel, model_linear_shapes
 from megatron_snip.precision.formats import FP4_FORMATS
+from megatron_snip.precision.plan import all_gemm_ids
 from megatron_snip.snip import budget
 from megatron_snip.snip.budget import Interval, RunBudget, allocate, intervals_from, plan_interval, share_grid
-from megatron_snip.snip.policies import PlanContext, make_plan
+from megatron_snip.snip.policies import PlanContext, check_policy_context, cost_curve, make_plan
 from megatron_snip.snip.problem import InfeasibleError
+from megatron_snip.snip.rules import switch_entries
 
 TINY = "launch/configs/tiny.toml"
 F = Fraction
@@ -203,10 +205,50 @@ def test_switch_is_the_rule_at_or_above_rho_and_promotes_fprop_first_below(rule)
     assert all(numel[h.linear] < numel[g.linear] for h in moved if h.gemm != "fprop" for g in left_fprop)
 
 
-def test_switch_needs_a_static_rule():
-    for bad in ("snip+switch", "+switch", "uniform:nvfp4+switch"):
-        with pytest.raises(ValueError, match=r"'\+switch' follows a static rule"):
+def test_switch_needs_a_rule():
+    for bad in ("+switch", "uniform:nvfp4+switch", "bf16+switch", "truth+switch"):
+        with pytest.raises(ValueError, match=r"'\+switch' follows a static rule or an ILP policy"):
             make_plan(bad, _ctx(0.75, None))
+
+
+def _costs(seed=0):
+    rng = random.Random(seed)
+    return {g: {"fp8": rng.uniform(0, 0.1), "nvfp4": rng.uniform(0, 1)} for g in all_gemm_ids(4)}
+
+
+def test_snip_switch_is_snip_at_or_above_rho_and_promotes_snips_plan_below():
+    """snip+switch: SNIP's ILP plan at an interval share >= rho; below it, SNIP's plan at rho with FP4
+    GEMMs promoted in the switch's order (fprop first) down to the interval's share; SNIP's own
+    protection stays. Its cost curve is the static rules' (linear): NVIDIA's allocation in time."""
+    costs = _costs()
+    at_rho = make_plan("snip", _ctx(0.75, None), costs)
+    assert make_plan("snip+switch", _ctx(0.75, None), costs).as_dict() == at_rho.as_dict()  # the plan budget
+    high = make_plan("snip+switch", _ctx(0.9, 0.75), costs)
+    assert high.as_dict() == make_plan("snip", _ctx(0.9, None), costs).as_dict()
+    assert high.policy == "snip+switch" and dict(high.extra)["switched"] is False
+    low = make_plan("snip+switch", _ctx(0.55, 0.75), costs)
+    assert 0.55 <= _share(low) < _share(at_rho) and dict(low.extra)["switched"] is True
+    base, promoted = at_rho.as_dict(), low.as_dict()
+    assert all(promoted[g] == "fp8" for g, f in base.items() if f == "fp8")
+    moved = [g for g in base if base[g] in FP4_FORMATS and promoted[g] not in FP4_FORMATS]
+    assert moved and moved[0].gemm == "fprop"
+    # the same promotion tail+switch makes, from SNIP's plan instead of the rule's
+    assert promoted == switch_entries(_ctx(0.55, 0.75), base)
+    grid = share_grid(0.5, 0.9, 0.1)
+    assert cost_curve("snip+switch", _ctx(0.75, None), costs, grid) == list(grid)
+    assert cost_curve("snip", _ctx(0.75, None), costs, grid) != list(grid)  # SNIP alone: its measured curve
+
+
+def test_snip_switch_needs_two_candidates(small_overrides):
+    cfg = load_config(TINY, [])
+    three = PlanContext(num_layers=4, linear_numel=linear_numel(model_linear_shapes(cfg.model)),
+                        formats=("bf16", "fp8", "nvfp4"), fp4_target=0.55, granularity="gemm", run_target=0.75)
+    with pytest.raises(ValueError, match=r"snip.policy='snip\+switch' needs exactly two candidate formats.*'bf16', "
+                                         r"'fp8', 'nvfp4'.*keep one non-FP4 format"):
+        check_policy_context("snip+switch", three)
+    check_policy_context("tail+switch", three)  # a static rule uses two of them by construction
+    with pytest.raises(ValueError, match="needs exactly two candidate formats"):
+        _fit_config(small_overrides + ["snip.policy=snip+switch", "snip.formats=[\"bf16\", \"fp8\", \"nvfp4\"]"])
 
 
 # --- in a run ----------------------------------------------------------------------------
@@ -214,6 +256,15 @@ RUN = ["snip.enabled=true", "snip.warmup=2", "snip.interval=4", "snip.probe_batc
        "snip.granularity=gemm", "snip.fair_share=true", "snip.budget=run", "snip.fp4_target=0.75",
        "snip.budget_share_range=[0.3, 0.95]", "training.lr_schedule=wsd", "training.max_steps=20",
        "training.log_interval=1", "training.eval_interval=100"]
+
+
+def _fit_config(overrides):
+    """The controller's start-up checks alone: a SnipController on the tiny config, nothing trained."""
+    from megatron_snip.snip.controller import SnipController
+    from megatron_snip.training.trainer import Trainer
+
+    cfg = load_config(TINY, overrides)
+    SnipController(cfg, Trainer(cfg))
 
 
 def _fit(overrides, crash_after=None):
@@ -248,12 +299,13 @@ def _run_share(plans, horizon, numel):
     return budget.spent_share_steps(history, *horizon) / (horizon[1] - horizon[0])
 
 
-def test_a_run_spends_rho_over_its_horizon(small_overrides, tmp_path):
-    """tail+switch (NVIDIA's recipe) under the run budget on the small model: the recorded plans' shares,
-    weighted by the steps each was in force over [warmup, max_steps), reach rho and pass it by less
-    than one decision unit's share over the last interval (its exact remainder is a target the
-    fair-share rule meets within one unit); the decay onset re-planned, promoting there."""
-    tr = _fit(small_overrides + RUN + ["snip.policy=tail+switch"])
+@pytest.mark.parametrize("policy", ["tail+switch", "snip+switch"])
+def test_a_run_spends_rho_over_its_horizon(small_overrides, tmp_path, policy):
+    """tail+switch (NVIDIA's recipe) and snip+switch under the run budget on the small model: the
+    recorded plans' shares, weighted by the steps each was in force over [warmup, max_steps), reach rho
+    and pass it by less than one decision unit's share over the last interval (its exact remainder is a
+    target the fair-share rule meets within one unit); the decay onset re-planned, promoting there."""
+    tr = _fit(small_overrides + RUN + [f"snip.policy={policy}"])
     numel = linear_numel(model_linear_shapes(tr.cfg.model))
     plans = tr.plan_history
     onset = wsd_decay_start(tr.cfg.training)
