@@ -4,10 +4,13 @@
 # PART=ref: the reference runs and their bases, from a worktree of commit 67ea6c6 (WT);
 # PART=new: snip+switch (and, at dev, a bitwise rerun of tail+switch seed 11) from a worktree of the
 # commit that adds it (WT), on copies of PART=ref's bases (REFWT: the PART=ref worktree).
+# PART=refrun (STAGE=rep, where the rebuilt bases do not reproduce run_rho09.sh's records): the
+# reference runs themselves on PART=ref's bases, from the PART=ref worktree (WT): snip on every
+# seed, tail+switch under the run budget.
 # Resumable: a rerun skips the runs an out-dir holds.
 set -x
 # WT, REFWT: worktrees holding corpus/python_docs.jsonl.
-: "${WT:?set WT}" "${STAGE:?set STAGE=dev|rep}" "${PART:?set PART=ref|new}"
+: "${WT:?set WT}" "${STAGE:?set STAGE=dev|rep}" "${PART:?set PART=ref|new|refrun}"
 cd $WT
 export PYTHONPATH=$PWD OMP_NUM_THREADS=1
 COMMON="--base-steps 1000 --steps 300 --warmup 20 --interval 100 --format-sets fp8_block,fp4_block@0.9 --rho 0.9 --continuation-schedule wsd --no-sweep --set snip.fair_share=true --set snip.granularity=gemm --eval-windows spread --eval-batches 128 --eval-interval 150 --jobs 2 --threads 1 --timeout 7200"
@@ -22,7 +25,11 @@ copy_bases() {  # copy_bases FROM TO: the bases of SEEDS and their records
     [ -d $2/base_seed$s ] || { cp -r $1/base_seed$s $2/; grep '"policy": "base"' $1/results.jsonl | grep "\"name\": \"base_seed$s\"" >> $2/results.jsonl; }
   done
 }
-if [ $PART = ref ]; then
+if [ $PART = refrun ]; then
+  python3 -m experiments.compare_policies $COMMON --seeds $SEEDS --policies 'snip' --out-dir $P --report $P/report.md
+  copy_bases $P $R
+  python3 -m experiments.compare_policies $COMMON --seeds $SEEDS --policies 'tail+switch' --set snip.budget=run --out-dir $R --report $R/report.md
+elif [ $PART = ref ]; then
   if [ $STAGE = dev ]; then
     python3 -m experiments.compare_policies $COMMON --seeds $SEEDS --policies 'bf16;snip' --out-dir $P --report $P/report.md
     copy_bases $P $R
