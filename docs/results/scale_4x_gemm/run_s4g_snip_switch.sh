@@ -1,6 +1,6 @@
 #!/bin/bash
 # 6.46M, snip+switch against tail+switch, snip and bf16 at rho = 0.9 on new 4000-step bases, seeds
-# 1-4 (../weight_divergence/protocol.md, "Added at 2026-12-06 00:50 UTC"), the protocol of
+# 1-4 (../weight_divergence/protocol.md, "Added at 2026-12-06 00:48 UTC"), the protocol of
 # run_s4g_rho09.sh. Order: snip+switch and tail+switch (seeds 1-2, then 3-4; each call first trains
 # its seeds' bases), then snip (plan budget) and bf16 on copies of the same bases.
 # Resumable: a rerun skips the runs an out-dir's results.jsonl holds.
