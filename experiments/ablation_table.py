@@ -11,7 +11,8 @@ out-dir ``OUT_DIR`` (its ``results.jsonl``: the latest ok record of each run). T
 reference. Per validation domain the table gives each row's paired Δ of the final loss against the
 reference's run of the same seed (mean ± standard error over the seeds both have, and how many),
 marked when it exceeds 2 SE over at least 3 pairs, and its paired Δ against the BF16 runs of
-``--bf16``'s out-dir.
+``--bf16``'s out-dir. ``--seeds 41,42`` restricts every row to those seeds (a study extended by more
+seeds, reported both pooled and on the added seeds alone).
 """
 
 from __future__ import annotations
@@ -96,9 +97,17 @@ def cell(a: dict[int, dict[str, float]], b: dict[int, dict[str, float]], domain:
     return f"{mean:+.4f} ± {se:.4f} ({n}){mark}"
 
 
-def table(rows: list[Row], bf16_dir: Path | None) -> str:
+def table(rows: list[Row], bf16_dir: Path | None, seeds: frozenset[int] | None = None) -> str:
+    """The markdown table; ``seeds``, if given, keeps only those seeds' runs (each must be in some row)."""
     runs = [finals(r.out_dir, r.policy, r.formats, r.rho) for r in rows]
     bf16 = finals(bf16_dir, "bf16", None) if bf16_dir is not None else {}
+    if seeds is not None:
+        absent = sorted(seeds - {s for per_seed in runs for s in per_seed})
+        if absent:
+            raise ValueError(f"--seeds {','.join(map(str, sorted(seeds)))}: no row has a run of seed(s) "
+                             f"{','.join(map(str, absent))}; list seeds the rows' out-dirs hold")
+        runs = [{s: v for s, v in per_seed.items() if s in seeds} for per_seed in runs]
+        bf16 = {s: v for s, v in bf16.items() if s in seeds}
     domains = sorted({d for per_seed in runs for v in per_seed.values() for d in v},
                      key=lambda d: (d != "val_loss", d))
     head = ["variant", "seeds"] + [f"Δ vs {rows[0].name}: `{d}`" for d in domains] + \
@@ -116,9 +125,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--row", action="append", required=True, help="NAME=OUT_DIR:POLICY[:FORMATS[@RHO]]; the first is the reference")
     ap.add_argument("--bf16", type=Path, default=None, help="out-dir whose bf16 runs give the Δ vs BF16 columns")
+    ap.add_argument("--seeds", type=_seeds, default=None, help="comma-separated seeds to keep (default: every seed)")
     ap.add_argument("--out", type=Path, default=None, help="write the table here (default: print it)")
     args = ap.parse_args(argv)
-    return emit_page(lambda: table([Row.parse(r) for r in args.row], args.bf16), args.out)
+    return emit_page(lambda: table([Row.parse(r) for r in args.row], args.bf16, args.seeds), args.out)
+
+
+def _seeds(text: str) -> frozenset[int]:
+    try:
+        return frozenset(int(s) for s in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of seeds, e.g. 41,42") from None
 
 
 if __name__ == "__main__":

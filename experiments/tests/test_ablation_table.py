@@ -74,3 +74,20 @@ def test_a_bad_row_is_named(bad):
 def test_a_missing_out_dir_is_named(tmp_path, capsys):
     assert ablation_table.main(["--row", f"a={tmp_path / 'nowhere'}:snip"]) == 2
     assert "nowhere" in capsys.readouterr().err
+
+
+def test_seeds_keep_a_subset_and_an_absent_seed_is_named(tmp_path, capsys):
+    """--seeds reports a study extended by more seeds on the added ones alone: only those pairs count."""
+    fs = ["fp8_block", "fp4_block"]
+    _records(tmp_path / "main", [("bf16", None, s, 1.0, "ok") for s in (1, 2, 41, 42)]
+             + [("snip", fs, s, 1.0, "ok") for s in (1, 2, 41, 42)])
+    _records(tmp_path / "var", [("snip", fs, s, 1.0 + d, "ok") for s, d in ((1, 0.5), (2, 0.5), (41, 0.010), (42, 0.012))])
+    rows = [ablation_table.Row.parse(f"a={tmp_path / 'main'}:snip:fp8_block,fp4_block"),
+            ablation_table.Row.parse(f"b={tmp_path / 'var'}:snip:fp8_block,fp4_block")]
+    variant = ablation_table.table(rows, tmp_path / "main", frozenset({41, 42})).splitlines()[3]
+    assert "41,42" in variant and "+0.0110 ± 0.0010 (2)" in variant and "0.5" not in variant
+    with pytest.raises(ValueError, match=r"--seeds 41,43: no row has a run of seed\(s\) 43"):
+        ablation_table.table(rows, None, frozenset({41, 43}))
+    with pytest.raises(SystemExit):
+        ablation_table.main(["--row", f"a={tmp_path / 'main'}:snip", "--seeds", "41,x"])
+    assert "41,x" in capsys.readouterr().err
