@@ -76,6 +76,7 @@ from experiments.comparison.report import OVERHEADS_JSON, VALIDATION_DIR, write_
 from experiments.comparison.runner import run_all
 from experiments.comparison.store import best_static_baseline, current_results, latest_records, read_results
 from megatron_snip.config import load_config
+from megatron_snip.config.values import parse_time_costs
 from megatron_snip.data import indexed
 from megatron_snip.data.pipeline import corpus_name
 from megatron_snip.precision.capability import GPUS, gemm_time_costs
@@ -83,6 +84,16 @@ from megatron_snip.precision.capability import GPUS, gemm_time_costs
 
 def _floats(text: str) -> tuple[float, ...]:
     return tuple(float(x) for x in text.split(",") if x.strip())
+
+
+def _time_costs(text: str) -> tuple[str, ...]:
+    """``'bf16=1,fp8_block=0.5'`` -> the ``snip.time_costs`` entries, checked by ``parse_time_costs``."""
+    entries = tuple(e.strip() for e in text.split(",") if e.strip())
+    try:
+        parse_time_costs(entries)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return entries
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -128,6 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--gpu", default="", choices=("", *GPUS),
                     help="gemm_time: the GPU whose time costs the runs model (precision/capability.py "
                          "GEMM_TIME_RATIO, torch backend), passed to every run as snip.time_costs")
+    ap.add_argument("--time-costs", type=_time_costs, default=(),
+                    help="gemm_time: the modeled GPU's GEMM time per FLOP against BF16 given directly instead of "
+                         "--gpu, comma-separated format=ratio for bf16 and every format of the sets, e.g. "
+                         "'bf16=1,fp8_block=0.5,fp4_block=0.25' (Blackwell's dense ratios with the comparison's "
+                         "fp4_block priced as the native FP4 it stands in for, as the reports price plans; --gpu "
+                         "b200 prices it as emulated)")
     ap.add_argument("--base-steps", type=int, default=d.base_steps,
                     help="continued pretraining: per seed one BF16 base run of this many steps at constant LR, "
                          "then every policy continues from its checkpoint (weights and AdamW moments) for --steps "
@@ -218,7 +235,21 @@ def protocol_from_args(args: argparse.Namespace) -> Protocol:
                     eval_interval=args.eval_interval, eval_batches=args.eval_batches,
                     eval_windows=args.eval_windows,
                     overrides=DEFAULT_SETS + tuple(args.overrides), target=args.target,
-                    time_costs=modeled_time_costs(args.gpu, format_sets) if args.gpu else ())
+                    time_costs=given_or_modeled_time_costs(args, format_sets))
+
+
+def given_or_modeled_time_costs(args: argparse.Namespace, format_sets) -> tuple[str, ...]:
+    """``--time-costs`` as given (each format of the sets priced) or ``--gpu``'s modeled ones; () for neither."""
+    if args.time_costs and args.gpu:
+        raise ValueError("give --gpu or --time-costs, not both (each sets snip.time_costs)")
+    if not args.time_costs:
+        return modeled_time_costs(args.gpu, format_sets) if args.gpu else ()
+    priced = parse_time_costs(args.time_costs)
+    missing = sorted({f for fs in format_sets for f in fs} - set(priced))
+    if missing:
+        raise ValueError(f"--time-costs {','.join(args.time_costs)!r} prices no {missing}; add "
+                         f"'<format>=<ratio>' for each format of --format-sets")
+    return args.time_costs
 
 
 def modeled_time_costs(gpu: str, format_sets) -> tuple[str, ...]:

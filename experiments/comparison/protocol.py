@@ -141,7 +141,7 @@ class Protocol:
         if self.target not in ("fp4_share", "gemm_time"):
             raise ValueError(f"--target={self.target!r} must be 'fp4_share' or 'gemm_time'")
         if self.target == "gemm_time" and not self.time_costs:
-            raise ValueError("--target=gemm_time needs the modeled GPU's time costs: give --gpu (e.g. h100)")
+            raise ValueError("--target=gemm_time needs the modeled GPU's time costs: give --gpu (e.g. h100) or --time-costs")
         timed = self.target == "gemm_time"
         for fs in self.format_sets + self.sweep_format_sets:
             bad = [f for f in fs if f not in FORMATS]

@@ -180,6 +180,22 @@ def test_gemm_time_target_runs_model_the_gpu(tmp_path):
         protocol.Protocol(target="gemm_time", format_sets=(("bf16", "fp8"),))
 
 
+def test_gemm_time_target_with_given_time_costs():
+    """--time-costs prices the formats directly (the comparison's fp4_block as native FP4, which --gpu
+    b200 would price as emulated); every format of the sets must be priced, and not with --gpu too."""
+    base = ["--target", "gemm_time", "--format-sets", "bf16,fp8_block,fp4_block@0.2743", "--rho", "0.2743"]
+    args = cli.build_parser().parse_args(base + ["--time-costs", "bf16=1, fp8_block=0.5,fp4_block=0.25"])
+    assert cli.protocol_from_args(args).time_costs == ("bf16=1", "fp8_block=0.5", "fp4_block=0.25")
+    args = cli.build_parser().parse_args(base + ["--time-costs", "bf16=1,fp8_block=0.5"])
+    with pytest.raises(ValueError, match=r"prices no \['fp4_block'\]"):
+        cli.protocol_from_args(args)
+    args = cli.build_parser().parse_args(base + ["--time-costs", "bf16=1,fp8_block=0.5,fp4_block=0.25", "--gpu", "b200"])
+    with pytest.raises(ValueError, match="not both"):
+        cli.protocol_from_args(args)
+    with pytest.raises(SystemExit):  # argparse: 'fp4_block=x' is no ratio
+        cli.build_parser().parse_args(base + ["--time-costs", "bf16=1,fp4_block=x"])
+
+
 def test_base_runs_come_first_and_again_when_their_checkpoint_is_gone(tmp_path, monkeypatch):
     p = small_protocol(seeds=(1, 2), policies=("bf16", "snip"), format_sets=(MX,), base_steps=3)
     specs = protocol.primary_runs(p)
