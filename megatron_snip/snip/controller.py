@@ -66,6 +66,25 @@ def draw_micro_batches(dataset: TokenSource, start: int, count: int, size: int,
     return [loader.load(b) for b in host]
 
 
+def probe_gradient_warning(snapshot: dict[str, Any], grad_clip: float) -> str | None:
+    """A warning when training would clip the probe batches' mean gradient to less than half, else None.
+
+    ``snapshot["probe_sq_grad"]``: its squared norm over the whole model (a DP mean under data
+    parallelism). The statistics model AdamW's update from that gradient unclipped. A clip near
+    the norm only rescales the update, and the weight divergence is relative to the update, but a
+    gradient training would cut to less than half (norm > 2 x ``grad_clip``) is a spike: in one of
+    few probe batches it sets both the update norm the weight divergence is divided by and which
+    blocks look sensitive (docs/results/bf16_time/results.md: norm 2.9 at clip 1.0, against 0.15-0.22
+    at the other re-plans; that plan protected nothing in the last block). ``grad_clip`` = 0 (no
+    clipping) never warns."""
+    norm = math.sqrt(snapshot.get("probe_sq_grad", 0.0))  # absent from truth / older snapshots
+    if grad_clip <= 0 or not norm > 2 * grad_clip:
+        return None
+    return (f"warning: the probe batches' mean gradient has norm {norm:.3g}, over twice training.grad_clip="
+            f"{grad_clip:g}: training would clip such a spike, the statistics use it as it is, so this plan "
+            f"follows {snapshot['num_probe_batches']} probe batch(es); more snip.probe_batches dilute one")
+
+
 def reusable_micro_batches(probes: list[torch.Tensor], micro: list[torch.Tensor]) -> int:
     """How many of a step's first micro-batches ``micro`` are also its first probe batches ``probes``
     (the same tokens, in order): those the statistics' reference pass can hand to the step
@@ -154,6 +173,9 @@ class SnipController:
             if reference is not None:
                 host.reuse_reference(reference)
             snapshot = reduce_snapshot(local, topo)
+            warning = probe_gradient_warning(snapshot, self.cfg.training.grad_clip)
+            if warning is not None:
+                host.logger.info(f"re-plan at step {step}: {warning}")
             timings.update({f"stats_{k}": v for k, v in local["timings"].items()})
             timings["stats_s"] = time.perf_counter() - t0
         previous = host.plan

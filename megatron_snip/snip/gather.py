@@ -67,7 +67,11 @@ def reduce_snapshot(snapshot: dict[str, Any], topo: ParallelTopology) -> dict[st
 
     prop_keys = sorted(snapshot["propagation"])  # every linear of the model, on every rank
     prop = [snapshot["propagation"][k][m] for k in prop_keys for m in ("num", "den")]
-    prop = _reduce_vector(prop + [snapshot["total_sq_update"]], topo.mp_group, topo.dp_group, topo.device)
+    # Whole-model sums over TP x PP, means over DP: the update's squared norm and the probe
+    # gradient's (each replicated tensor counted on one TP rank; a DP replica's own probe batches).
+    prop = _reduce_vector(prop + [snapshot["total_sq_update"], snapshot["probe_sq_grad"]], topo.mp_group,
+                          topo.dp_group, topo.device)
+    probe_sq_grad = prop.pop()
     total_sq_update = prop.pop()
     propagation = {k: {"num": prop[2 * i], "den": prop[2 * i + 1]} for i, k in enumerate(prop_keys)}
     probe_loss = _reduce_vector([snapshot["probe_loss_sum"]], None, topo.dp_group, topo.device)[0]
@@ -76,4 +80,5 @@ def reduce_snapshot(snapshot: dict[str, Any], topo: ParallelTopology) -> dict[st
     for part in comm.all_gather_object(linears, topo.pp_group):
         merged.update(part)
     return {**snapshot, "linears": dict(sorted(merged.items(), key=lambda kv: (kv[1]["layer"], kv[0]))),
-            "propagation": propagation, "total_sq_update": total_sq_update, "probe_loss_sum": probe_loss}
+            "propagation": propagation, "total_sq_update": total_sq_update, "probe_sq_grad": probe_sq_grad,
+            "probe_loss_sum": probe_loss}

@@ -38,6 +38,7 @@ import torch
 from megatron_snip.config import CURVATURE_NOISE, LOSS_FIRST_ORDER, WEIGHT_DIVERGENCE
 from megatron_snip.model.layers import ColumnParallelLinear, PrecisionLinear
 from megatron_snip.model.recompute import keep_intermediates
+from megatron_snip.parallel.ddp import counted_once
 from megatron_snip.precision.plan import LINEARS, GemmPrecision
 from megatron_snip.snip.device_sums import DeviceSums
 from megatron_snip.snip.host import ProbeHost, ReferencePass
@@ -240,8 +241,9 @@ class StatsCollector:
         grads = {id(p): p.grad.detach() / n for p in model.parameters() if p.grad is not None}
         timings["reference_pass_s"] = time.perf_counter() - t0
 
-        # AdamW preconditioning: wgrad update errors and the reference update norm.
-        totals = {"total_sq_update": 0.0, "probe_loss_sum": 0}
+        # AdamW preconditioning: wgrad update errors and the reference update norm; and the probe
+        # gradient's squared norm as the trainer's clip counts it (each TP-replicated tensor once).
+        totals = {"total_sq_update": 0.0, "probe_sq_grad": 0.0, "probe_loss_sum": 0}
         denominators: dict[int, torch.Tensor] = {}
         steps = adam_steps(optimizer, [p for p in model.parameters() if id(p) in grads])
         for p in model.parameters():
@@ -250,6 +252,8 @@ class StatsCollector:
             denom = adam_denominator(optimizer, p, grads[id(p)], steps.get(id(p)))
             denominators[id(p)] = denom
             pending.add(totals, "total_sq_update", (grads[id(p)] / denom).pow(2).sum())
+            if counted_once(getattr(p, "tensor_parallel", False), host.topo):
+                pending.add(totals, "probe_sq_grad", grads[id(p)].pow(2).sum())
         for k, lin in zip(keys, linears):
             denom = denominators[id(lin.weight)]
             s = sums[k]
@@ -276,6 +280,7 @@ class StatsCollector:
             "num_probe_batches": n,
             "probe_loss_sum": totals["probe_loss_sum"],
             "total_sq_update": totals["total_sq_update"],
+            "probe_sq_grad": totals["probe_sq_grad"],
             "replicas": 1,
             "noise_passes": noise_passes,
             "loss_first_order": self.cfg.loss_first_order,

@@ -135,6 +135,7 @@ def _snip_reduce_worker(rank: int, world: int) -> dict:
                               "per_format": {"fp8": {"err": k}}}},
         "propagation": {"0.qkv": {"num": k, "den": 2 * k}},
         "total_sq_update": 3 * k,
+        "probe_sq_grad": 4 * k,
         "probe_loss_sum": 5.0,
     }
     return reduce_snapshot(snapshot, topo)
@@ -149,4 +150,4 @@ def test_snip_statistics_reduce_on_the_groups_device():
     lin = out[0]["linears"]["0.qkv"]
     assert lin["sq_w"] == 30.0 and lin["per_format"]["fp8"]["err"] == 3.0  # 1 + 2 over TP (dp = 1)
     assert out[0]["propagation"]["0.qkv"] == {"num": 3.0, "den": 6.0}
-    assert out[0]["total_sq_update"] == 9.0 and out[0]["probe_loss_sum"] == 5.0
+    assert out[0]["total_sq_update"] == 9.0 and out[0]["probe_sq_grad"] == 12.0 and out[0]["probe_loss_sum"] == 5.0

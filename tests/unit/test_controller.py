@@ -7,11 +7,12 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import pytest
 import torch
 
 from megatron_snip.config import load_config
 from megatron_snip.precision.plan import PrecisionPlan
-from megatron_snip.snip.controller import SnipController, is_replan_step
+from megatron_snip.snip.controller import SnipController, is_replan_step, probe_gradient_warning
 from megatron_snip.snip.host import SnipHost
 from megatron_snip.training.trainer import Trainer
 
@@ -112,6 +113,36 @@ def test_a_failed_solve_keeps_the_plan_and_records_only_why(small_overrides, tmp
     tr.logger.close()
     assert sorted(p.name for p in (tmp_path / "run" / "plans").iterdir()) == ["step_000000.json"]
     assert tr.plan_history == [before] and "snip" not in tr.extra_state
+
+
+def test_the_snapshot_has_the_probe_gradients_norm_and_a_clipped_one_warns(small_overrides, capsys):
+    """``probe_sq_grad`` is the squared norm of the probe batches' mean gradient over every parameter
+    (the tensor training clips); a re-plan whose probe gradient training would clip to less than
+    half says so."""
+    cfg = load_config(TINY, small_overrides + SNIP + ["snip.probe_batches=2", "training.grad_clip=1e-6"])
+    tr = Trainer(cfg)
+    ctl = SnipController(cfg, tr)
+    probes = [tr.load_batch(b) for b in ctl.probe_batches(tr, 2)]
+    tr.optimizer.zero_grad(set_to_none=True)
+    for b in probes:  # the reference pass's own calls, with the initial plan's BF16 GEMMs
+        tr.forward_backward([b])
+    want = sum((p.grad / len(probes)).pow(2).sum().item() for p in tr.model.parameters() if p.grad is not None)
+    tr.optimizer.zero_grad(set_to_none=True)
+    outcome = ctl.replan(tr, 2)
+    # the same GEMMs on the same tokens (bit-equal here); only the sum over the ~20 parameter tensors
+    # may run in another order: in fp32 at most ~20 x 6e-8 = 1.2e-6 relative, so 1e-5
+    assert outcome.snapshot["probe_sq_grad"] == pytest.approx(want, rel=1e-5)
+    assert "over twice training.grad_clip=1e-06" in capsys.readouterr().out
+    tr.logger.close()
+
+
+def test_probe_gradient_warning_only_past_the_clip():
+    snap = {"probe_sq_grad": 4.0, "num_probe_batches": 2}
+    assert "norm 2, over twice training.grad_clip=0.9" in probe_gradient_warning(snap, 0.9)
+    assert probe_gradient_warning(snap, 1.0) is None  # cut to exactly half: a rescale, not a spike
+    assert probe_gradient_warning(snap, 2.5) is None
+    assert probe_gradient_warning(snap, 0.0) is None  # no clipping: nothing to compare with
+    assert probe_gradient_warning({"num_probe_batches": 2}, 1.0) is None  # truth / older snapshots
 
 
 def test_probe_micro_batches_follow_the_config(small_overrides):
