@@ -74,9 +74,8 @@ def probe_gradient_warning(snapshot: dict[str, Any], grad_clip: float) -> str | 
     the norm only rescales the update, and the weight divergence is relative to the update, but a
     gradient training would cut to less than half (norm > 2 x ``grad_clip``) is a spike: in one of
     few probe batches it sets both the update norm the weight divergence is divided by and which
-    blocks look sensitive (docs/results/bf16_time/results.md: norm 2.9 at clip 1.0, against 0.15-0.22
-    at the other re-plans; that plan protected nothing in the last block). ``grad_clip`` = 0 (no
-    clipping) never warns."""
+    blocks look sensitive (a measured case: docs/results/bf16_time/results.md). ``grad_clip`` = 0
+    (no clipping) never warns."""
     norm = math.sqrt(snapshot.get("probe_sq_grad", 0.0))  # absent from truth / older snapshots
     if grad_clip <= 0 or not norm > 2 * grad_clip:
         return None
