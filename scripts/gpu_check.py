@@ -52,7 +52,7 @@ import sys
 import time
 import traceback
 
-from gpu_check_report import CURRENT, FAILED, SECONDS, STATUS, guarded, line
+from gpu_check_report import CURRENT, FAILED, SECONDS, STATUS, guarded, line, on_sigint, raise_if_signalled
 from gpu_check_runs import FORMATS_Q, check_bandwidth, check_steps, check_sync_free, check_tiny_snip, torch_backend
 
 # Seconds each check may take on one H200, cold Triton / Inductor caches included (estimates: 42
@@ -308,6 +308,7 @@ def check_probes(device, smoke: bool) -> None:
         try:
             figure, status = probe(device)
         except Exception as e:  # noqa: BLE001 - one probe's failure is its line; the others still run
+            raise_if_signalled(e)
             figure, status = f"raised {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}", "FAIL"
             traceback.print_exc(file=sys.stderr)
         line(name, figure, status)
@@ -388,6 +389,7 @@ def main() -> int:
     if args.force_fallback:
         force_fallback()
     count_triton_specializations()
+    signal.signal(signal.SIGINT, on_sigint)
     try:
         for check in CHECKS:
             if check.check_name in only:

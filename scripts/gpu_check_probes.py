@@ -23,6 +23,7 @@ and every probe on CPU), FAIL where a CUDA answer contradicts what the code reli
 from __future__ import annotations
 
 import torch
+from gpu_check_report import raise_if_signalled
 
 PAD_K = 1280  # K/128 = 10: not a multiple of 4 (the 70B qkv dgrad at TP=8 has K = 1280)
 SPIN_CYCLES = 1_000_000_000  # torch.cuda._sleep: ~0.5 s of a busy stream on any current GPU
@@ -67,6 +68,7 @@ def probe_scale_padding(device: torch.device) -> tuple[str, str]:
         try:
             err = gemm_error(call(), want_a, want_b)
         except Exception as e:  # noqa: BLE001 - torch's or cuBLAS's refusal, whatever its type
+            raise_if_signalled(e)  # a cut, not a refusal
             return f"refused ({_first_line(e)})"
         return f"{'right' if err <= tol else 'WRONG'} (error {err:.1e}, bound {tol:.1e})"
 
@@ -103,6 +105,7 @@ def probe_div_rn_ftz(device: torch.device) -> tuple[str, str]:
         try:
             div_rn(x, y, out, **options)
         except Exception as e:  # noqa: BLE001 - an option this Triton does not know
+            raise_if_signalled(e)  # a cut, not a refusal
             results[name] = f"not accepted ({_first_line(e)})"
             continue
         got = out.cpu()

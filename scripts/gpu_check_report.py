@@ -18,7 +18,10 @@ SECONDS: dict[str, float] = {}  # check -> wall seconds (cold compiles included)
 STATUS: dict[str, str] = {}  # check -> its worst line status (FAIL > OK > INFO)
 TRITON_KEYS: set[tuple] = set()  # distinct Triton specializations launched (one compile each on a GPU)
 CURRENT: list[str] = []  # the check running now
-
+# The exceptions our signal handlers raised in the running check. A library may replace one with its
+# own on the way up (torch's argument parser reports an interrupted conversion as a TypeError, Triton's
+# interpreter wraps that in an InterpreterError), so the checks ask this list, not the exception type.
+SIGNALLED: list[type[BaseException]] = []
 
 
 class OverBudget(BaseException):
@@ -26,7 +29,22 @@ class OverBudget(BaseException):
 
 
 def _over_budget(signum, frame):
+    SIGNALLED.append(OverBudget)
     raise OverBudget
+
+
+def on_sigint(signum, frame):
+    """SIGINT's handler (gpu_check.sh's ``timeout --signal=INT``): Python's own, remembered."""
+    SIGNALLED.append(KeyboardInterrupt)
+    raise KeyboardInterrupt
+
+
+def raise_if_signalled(e: Exception | None) -> None:
+    """Raise the signal's own exception if one was raised in this check, from ``e`` (what a library
+    raised in its place, or None), so that an ``except Exception`` meant for a refusal cannot
+    swallow a cut; else return."""
+    if SIGNALLED:
+        raise SIGNALLED[-1]() from e
 
 
 def line(name: str, figure: str, status: str = "INFO") -> None:
@@ -41,21 +59,28 @@ def line(name: str, figure: str, status: str = "INFO") -> None:
 
 def guarded(fn: Callable[..., None]) -> Callable[..., None]:
     """A check that raises prints one FAIL line with the error instead of ending the run; one past its
-    budget (``budget_s``, None: not enforced) is cut with a FAIL line; its time is kept either way."""
+    budget (``budget_s``, None: not enforced) is cut with a FAIL line; its time is kept either way. A
+    SIGINT or budget alarm counts as itself even where a library replaced or dropped its exception."""
     name = fn.__name__.removeprefix("check_")
 
     def run(*args, budget_s: float | None = None, **kwargs):
         t0 = time.perf_counter()
         CURRENT[:] = [name]
+        SIGNALLED.clear()
         try:
             try:
-                if budget_s is not None:
-                    signal.signal(signal.SIGALRM, _over_budget)
-                    signal.setitimer(signal.ITIMER_REAL, budget_s)
-                fn(*args, **kwargs)
-            finally:  # disarmed before anything else runs (an alarm in this window lands below)
-                if budget_s is not None:
-                    signal.setitimer(signal.ITIMER_REAL, 0)
+                try:
+                    if budget_s is not None:
+                        signal.signal(signal.SIGALRM, _over_budget)
+                        signal.setitimer(signal.ITIMER_REAL, budget_s)
+                    fn(*args, **kwargs)
+                    raise_if_signalled(None)  # one a library caught and dropped: still a cut
+                finally:  # disarmed before anything else runs (an alarm in this window lands below)
+                    if budget_s is not None:
+                        signal.setitimer(signal.ITIMER_REAL, 0)
+            except Exception as e:  # a signal's exception in a library's disguise?
+                raise_if_signalled(e)
+                raise
         except OverBudget:
             line(name, f"cut at its {budget_s:.3g} s budget (the lines above are what it reached)", "FAIL")
         except Exception as e:  # noqa: BLE001 - report and go on to the next check

@@ -1,11 +1,15 @@
 """gpu_check's design rules, checked on CPU (#34 item 1): the budgets fit the script's limits, the
-checks run in order of value, and a fast-path fallback the device should not need is a FAIL.
+checks run in order of value, a fast-path fallback the device should not need is a FAIL, and a cut
+(SIGINT, a budget's alarm) stays a cut when a library re-raises it as another exception.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +22,7 @@ from megatron_snip.precision.quantize import compiled
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import gpu_check
+import gpu_check_report as report
 from gpu_check_report import fast_path_verdicts
 
 
@@ -86,3 +91,54 @@ def test_a_scaled_mm_fallback_fails_where_it_is_expected(fresh_fallbacks):
     by_design = {"fp8 activation x weight on cpu": CPU_REASON}  # the torch backend on CPU, as documented
     assert _statuses("cpu", by_design) == ["INFO"]
     assert _statuses("cuda", {}) == []
+
+
+def _disguised(exc_type):
+    """A check whose library turns the signal's exception into a TypeError, as torch's argument parser
+    did to a SIGINT under Triton's interpreter (CI: "raised InterpreterError: TypeError(...)")."""
+    def check_disguised(device, smoke):
+        try:
+            if exc_type is KeyboardInterrupt:
+                os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the signal's handler raises in here
+        except exc_type:
+            raise TypeError("expected a sequence of integers or a single integer") from None
+        raise AssertionError("no signal arrived within 5 s")
+    return report.guarded(check_disguised)
+
+
+@pytest.fixture
+def fresh_report(monkeypatch):
+    for name in ("FAILED", "CURRENT", "SIGNALLED"):
+        monkeypatch.setattr(report, name, [])
+    monkeypatch.setattr(report, "SECONDS", {})
+    monkeypatch.setattr(report, "STATUS", {})
+    old = signal.signal(signal.SIGINT, report.on_sigint)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+def test_a_sigint_a_library_disguised_still_cuts_the_run(fresh_report):
+    with pytest.raises(KeyboardInterrupt):
+        _disguised(KeyboardInterrupt)(None, True)
+    assert report.CURRENT == ["disguised"] and "disguised" in report.SECONDS  # main() names the check
+    assert report.FAILED == []  # no "raised TypeError" line
+
+
+def test_a_budget_alarm_a_library_disguised_is_still_a_cut(fresh_report, capsys):
+    _disguised(report.OverBudget)(None, True, budget_s=0.05)
+    out = capsys.readouterr().out
+    assert "cut at its 0.05 s budget" in out and "raised" not in out, out
+    assert report.FAILED == ["disguised"]
+
+
+def test_a_sigint_a_library_dropped_still_cuts_the_run(fresh_report):
+    @report.guarded
+    def check_dropped(device, smoke):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            pass  # a library's ``except BaseException: pass`` around a call
+    with pytest.raises(KeyboardInterrupt):
+        check_dropped(None, True)
