@@ -12,6 +12,7 @@ lazily, inside checks); nothing else of megatron_snip.
 from megatron_snip.config.sections import (
     CURVATURE_NOISE,
     LOSS_FIRST_ORDER,
+    PRECONDITIONERS,
     RECOMPUTE_MODES,
     SNIP_BUDGETS,
     SNIP_TARGETS,
@@ -40,6 +41,7 @@ from megatron_snip.config.values import (
 __all__ = [
     "CURVATURE_NOISE",
     "LOSS_FIRST_ORDER",
+    "PRECONDITIONERS",
     "RECOMPUTE_MODES",
     "SNIP_BUDGETS",
     "SNIP_TARGETS",

@@ -132,6 +132,7 @@ class PrecisionConfig:
 CURVATURE_NOISE = ("gaussian", "error")  # snip.curvature_noise: directions of SNIP's forward noise
 LOSS_FIRST_ORDER = ("abs", "signed", "momentum")  # snip.loss_first_order: the loss divergence's first-order term
 WEIGHT_DIVERGENCE = ("norm", "squared")  # snip.weight_divergence: how the weight divergence measures an update error
+PRECONDITIONERS = ("stored", "with_probe")  # snip.preconditioner: the AdamW second moment the statistics divide by
 SNIP_TARGETS = ("fp4_share", "gemm_time", "both")  # snip.target
 SNIP_BUDGETS = ("plan", "run")  # snip.budget
 
@@ -177,6 +178,11 @@ class SnipConfig:
     # result) or "squared" (‖update error‖² / ‖update‖²: additive over GEMMs, as the ILP's sum assumes, and
     # what AdamW's steady-state excess loss from update noise scales with). snip/metrics.py, docs/snip.md.
     weight_divergence: str = "norm"
+    # The √v̂ the statistics precondition gradients and their errors by: "stored" (AdamW's v̂ after the
+    # last step: the default and every recorded result) or "with_probe" (the v̂ the next update divides
+    # by, the probe gradient folded in as AdamW folds a step's gradient in first: bounded where one
+    # probe gradient is far above v̂'s history). snip/stats.py adam_denominator, docs/snip.md.
+    preconditioner: str = "stored"
     propagation_sequences: int = 1  # sequences of the first probe batch for the exact dgrad-propagation pass
     # Policy "truth" only (the oracle of snip/truth.py): training micro-batches its measured divergences
     # are averaged over, from the re-plan step's data on. Each costs 3 passes per linear and format.
@@ -233,6 +239,8 @@ class SnipConfig:
             raise field_error("snip.loss_first_order", self.loss_first_order, f"choose one of {list(LOSS_FIRST_ORDER)}")
         if self.weight_divergence not in WEIGHT_DIVERGENCE:
             raise field_error("snip.weight_divergence", self.weight_divergence, f"choose one of {list(WEIGHT_DIVERGENCE)}")
+        if self.preconditioner not in PRECONDITIONERS:
+            raise field_error("snip.preconditioner", self.preconditioner, f"choose one of {list(PRECONDITIONERS)}")
         if self.warmup < 0:
             raise field_error("snip.warmup", self.warmup, "must be >= 0")
         if self.probe_micro_batch_size < 0:

@@ -118,6 +118,7 @@ class SnipController:
                                                    propagation_sequences=s.propagation_sequences, seed=s.seed,
                                                    curvature_noise=s.curvature_noise, loss_first_order=s.loss_first_order,
                                                    weight_divergence=s.weight_divergence,
+                                                   preconditioner=s.preconditioner,
                                                    compiled_quantizers=cfg.precision.compile_quantizers))
         if self.spec.policy.statistics == "truth":
             truth.check_single_process(host.topo.world_size, f"snip.policy={s.policy!r}")

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from megatron_snip.config import CURVATURE_NOISE, LOSS_FIRST_ORDER, WEIGHT_DIVERGENCE
+from megatron_snip.config import CURVATURE_NOISE, LOSS_FIRST_ORDER, PRECONDITIONERS, WEIGHT_DIVERGENCE
 from megatron_snip.model.layers import ColumnParallelLinear, PrecisionLinear
 from megatron_snip.model.recompute import keep_intermediates
 from megatron_snip.parallel.ddp import counted_once
@@ -80,16 +80,25 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1]).float()
 
 
-def adam_denominator(optimizer: torch.optim.Optimizer, param: torch.Tensor, fallback_grad: torch.Tensor,
-                     step: float | None = None) -> torch.Tensor:
-    """√v̂ + eps of AdamW for ``param`` (bias-corrected); before the first step, |g| + eps
-    (what Adam's first update divides by). ``step``: its step count if already read (``adam_steps``)."""
+def adam_denominator(optimizer: torch.optim.Optimizer, param: torch.Tensor, grad: torch.Tensor,
+                     step: float | None = None, with_grad: bool = False) -> torch.Tensor:
+    """√v̂ + eps of AdamW for ``param`` (bias-corrected, the shape of ``param``).
+
+    ``with_grad=False`` (snip.preconditioner "stored"): the v̂ of AdamW's state after its last step;
+    before the first step |g| + eps (what Adam's first update divides by). ``with_grad=True``
+    ("with_probe"): the v̂ the next update divides by if its gradient is ``grad``: AdamW first folds
+    the gradient in, v ← β2·v + (1-β2)·g², bias-corrected with the step count + 1 (before the first
+    step this is |g| + eps too). It bounds |g| / √v̂ by 1/√(1-β2) per element however far ``grad``
+    is above v's history. ``step``: the step count if already read (``adam_steps``)."""
     group = next(g for g in optimizer.param_groups if any(p is param for p in g["params"]))
     eps, beta2 = group["eps"], group["betas"][1]
     state = _adam_state(optimizer, param)
     if "exp_avg_sq" not in state:
-        return fallback_grad.abs() + eps
+        return grad.abs() + eps
     step = float(state["step"]) if step is None else step
+    if with_grad:
+        v = state["exp_avg_sq"] * beta2 + grad.float().pow(2) * (1.0 - beta2)
+        return (v / (1.0 - beta2 ** (step + 1))).sqrt() + eps
     v_hat = state["exp_avg_sq"] / (1.0 - beta2**step)
     return v_hat.sqrt() + eps
 
@@ -109,6 +118,8 @@ class ProbeConfig:
     loss_first_order: str = "abs"
     # How snip/metrics.py measures an update error (stamped into the snapshot as "weight_divergence").
     weight_divergence: str = "norm"
+    # The AdamW √v̂ gradients and their errors are preconditioned by (``adam_denominator``).
+    preconditioner: str = "stored"
 
     def __post_init__(self) -> None:
         if self.curvature_noise not in CURVATURE_NOISE:
@@ -117,6 +128,8 @@ class ProbeConfig:
             raise ValueError(f"snip.loss_first_order={self.loss_first_order!r}: choose one of {list(LOSS_FIRST_ORDER)}")
         if self.weight_divergence not in WEIGHT_DIVERGENCE:
             raise ValueError(f"snip.weight_divergence={self.weight_divergence!r}: choose one of {list(WEIGHT_DIVERGENCE)}")
+        if self.preconditioner not in PRECONDITIONERS:
+            raise ValueError(f"snip.preconditioner={self.preconditioner!r}: choose one of {list(PRECONDITIONERS)}")
 
 
 class StatsCollector:
@@ -249,7 +262,8 @@ class StatsCollector:
         for p in model.parameters():
             if id(p) not in grads:
                 continue
-            denom = adam_denominator(optimizer, p, grads[id(p)], steps.get(id(p)))
+            denom = adam_denominator(optimizer, p, grads[id(p)], steps.get(id(p)),
+                                     with_grad=self.cfg.preconditioner == "with_probe")
             denominators[id(p)] = denom
             pending.add(totals, "total_sq_update", (grads[id(p)] / denom).pow(2).sum())
             if counted_once(getattr(p, "tensor_parallel", False), host.topo):

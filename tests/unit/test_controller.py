@@ -14,6 +14,7 @@ from megatron_snip.config import load_config
 from megatron_snip.precision.plan import PrecisionPlan
 from megatron_snip.snip.controller import SnipController, is_replan_step, probe_gradient_warning
 from megatron_snip.snip.host import SnipHost
+from megatron_snip.snip.stats import adam_denominator
 from megatron_snip.training.trainer import Trainer
 
 TINY = "launch/configs/tiny.toml"
@@ -136,6 +137,33 @@ def test_the_snapshot_has_the_probe_gradients_norm_and_a_clipped_one_warns(small
     tr.logger.close()
 
 
+@pytest.mark.parametrize("mode", ["stored", "with_probe"])
+def test_the_controller_preconditions_by_the_configured_second_moment(small_overrides, mode):
+    """snip.preconditioner reaches the statistics: after two training steps the snapshot's update norm
+    is the probe gradient over ``adam_denominator`` of that mode (the v̂ AdamW holds, or the one its next
+    update divides by), not over the other mode's."""
+    cfg = load_config(TINY, small_overrides + SNIP + [f"snip.preconditioner={mode}"])
+    tr = Trainer(cfg)
+    ctl = SnipController(cfg, tr)
+    for _ in range(2):
+        tr.train_step(tr.step)
+        tr.step += 1
+    (probe,) = [tr.load_batch(b) for b in ctl.probe_batches(tr, 2)]
+    tr.optimizer.zero_grad(set_to_none=True)
+    tr.forward_backward([probe])
+    params = [p for p in tr.model.parameters() if p.grad is not None]
+    want = {m: sum((p.grad / adam_denominator(tr.optimizer, p, p.grad, with_grad=m == "with_probe")).pow(2).sum().item()
+                   for p in params) for m in ("stored", "with_probe")}
+    tr.optimizer.zero_grad(set_to_none=True)
+    got = ctl.replan(tr, 2).snapshot["total_sq_update"]
+    # bit-equal GEMMs and per-tensor sums (as above); only the sum over the tensors may run in another
+    # order: 15 fp32 additions, at most 9e-7 relative, so 1e-5
+    assert got == pytest.approx(want[mode], rel=1e-5)
+    other = want["stored" if mode == "with_probe" else "with_probe"]
+    assert abs(got - other) > 1e-3 * other
+    tr.logger.close()
+
+
 def test_probe_gradient_warning_only_past_the_clip():
     snap = {"probe_sq_grad": 4.0, "num_probe_batches": 2}
     assert "norm 2, over twice training.grad_clip=0.9" in probe_gradient_warning(snap, 0.9)
@@ -205,3 +233,8 @@ def test_offline_planner_reproduces_the_controllers_plan(small_overrides, tmp_pa
     objectives = [p["objective"] for p in pareto]
     assert objectives == sorted(objectives)  # a higher FP4 target never predicts less divergence
     assert mod.main(["--stats", str(tmp_path / "missing.json"), "--out", str(out)]) == 2
+
+
+def test_an_unknown_preconditioner_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"snip.preconditioner.*'next'.*choose one of \['stored', 'with_probe'\]"):
+        load_config(TINY, ["snip.preconditioner=next"])

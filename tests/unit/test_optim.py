@@ -99,3 +99,28 @@ def test_snip_reads_the_fused_step_counts_once():
     expected = (v / (1 - beta2**2)).sqrt() + eps  # SNIP's preconditioner, bias-corrected
     assert torch.equal(adam_denominator(opt, w, torch.ones_like(w), steps[id(w)]), expected)
     assert torch.equal(adam_denominator(opt, w, torch.ones_like(w)), expected)
+
+
+def test_the_with_probe_preconditioner_is_the_one_adamw_divides_its_next_update_by():
+    """snip.preconditioner="with_probe": adam_denominator(with_grad=True) before a step equals √v̂ + eps
+    read from AdamW's state after that step with the same gradient (its v and step count); a
+    gradient 10^4 above v's history stays bounded by 1/√(1-β2) per element, where "stored" is not."""
+    model = _model()
+    opt = build_optimizer(model, TrainingConfig(), CPU, ParallelTopology.single())
+    _train(opt, model, [False, False])
+    w = model[0].weight
+    beta2, eps = opt.param_groups[0]["betas"][1], opt.param_groups[0]["eps"]
+    grad = torch.randn(w.shape, generator=torch.Generator().manual_seed(9)) * 1e4  # a spike
+    predicted = adam_denominator(opt, w, grad, with_grad=True)
+    stored = adam_denominator(opt, w, grad)
+    for p in model.parameters():
+        p.grad = grad.clone() if p is w else torch.zeros_like(p)
+    opt.step()
+    _m, v, n = adam_state(opt, w)
+    after = (v / (1 - beta2**n)).sqrt() + eps
+    # The same two fp32 roundings (v·β2, + (1-β2)·g²) in either order or fused, then the bias
+    # correction and sqrt: within a few ulps of the result; 8 ulps bounds it.
+    assert torch.allclose(predicted, after, rtol=8 * torch.finfo(torch.float32).eps, atol=0)
+    bound = 1 / (1 - beta2) ** 0.5
+    assert float((grad / predicted).abs().max()) <= bound
+    assert float((grad / stored).abs().max()) > 100 * bound

@@ -455,3 +455,37 @@ def test_reference_pass_reuses_y_and_dx_only_as_the_recomputation_would(monkeypa
         for f, pf in s["per_format"].items():
             for name, value in pf.items():
                 assert value == pytest.approx(recomputed["linears"][key]["per_format"][f][name], rel=1e-5, abs=1e-9), (key, f, name)
+
+
+def test_the_with_probe_preconditioner_changes_only_the_preconditioned_sums():
+    """snip.preconditioner="with_probe" on an AdamW state with a tiny v̂ (a gradient far above its
+    history): the update norm is the probe gradient over AdamW's next √v̂ (``adam_denominator`` with
+    the gradient folded in), bounded by 1/√(1-β2) per element, where "stored" is 10^4 times larger;
+    the sums that do not divide by √v̂ are bit-identical."""
+    x = torch.randn(T, K, generator=torch.Generator().manual_seed(4))
+    snaps = {}
+    for mode in ("stored", "with_probe"):
+        tr = QuadraticTrainer(two=True)
+        tr.set_adam_state(v_hat=1e-10)
+        snaps[mode] = StatsCollector(ProbeConfig(formats=("fp8", "nvfp4"), noise_draws=1, preconditioner=mode)).collect(
+            tr, [x], step=1)
+    tr = QuadraticTrainer(two=True)
+    tr.set_adam_state(v_hat=1e-10)
+    tr.forward_backward([x])
+    params = [p for p in tr.model.parameters() if p.grad is not None]
+    want = sum(float((p.grad / stats_module.adam_denominator(tr.optimizer, p, p.grad, with_grad=True)).pow(2).sum())
+               for p in params)
+    got = snaps["with_probe"]["total_sq_update"]
+    assert got == pytest.approx(want, rel=1e-6)  # the same per-tensor fp32 sums; only their few additions differ
+    beta2 = tr.optimizer.param_groups[0]["betas"][1]
+    assert got <= sum(p.numel() for p in params) / (1 - beta2)
+    assert snaps["stored"]["total_sq_update"] > 1e4 * got
+    for key, s in snaps["stored"]["linears"].items():
+        t = snaps["with_probe"]["linears"][key]
+        assert s["sq_dw"] == t["sq_dw"] and s["sq_dw_precond"] != t["sq_dw_precond"]
+        for f, pf in s["per_format"].items():
+            for name in ("sq_ey", "sq_edx", "sq_edw", "abs_grad_dot_ey", "sq_qerr_w"):
+                assert pf[name] == t["per_format"][f][name], (key, f, name)
+            assert pf["sq_edw_precond"] != t["per_format"][f]["sq_edw_precond"]
+    with pytest.raises(ValueError, match="snip.preconditioner='next'"):
+        ProbeConfig(formats=("fp8",), preconditioner="next")
