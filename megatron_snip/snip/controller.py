@@ -81,7 +81,8 @@ def probe_gradient_warning(snapshot: dict[str, Any], grad_clip: float) -> str | 
         return None
     return (f"warning: the probe batches' mean gradient has norm {norm:.3g}, over twice training.grad_clip="
             f"{grad_clip:g}: training would clip such a spike, the statistics use it as it is, so this plan "
-            f"follows {snapshot['num_probe_batches']} probe batch(es); more snip.probe_batches dilute one")
+            f"follows {snapshot['num_probe_batches']} probe batch(es); more snip.probe_batches dilute one, and "
+            f"snip.preconditioner=with_probe bounds its preconditioned update as AdamW's next step does")
 
 
 def reusable_micro_batches(probes: list[torch.Tensor], micro: list[torch.Tensor]) -> int:

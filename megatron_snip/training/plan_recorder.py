@@ -10,6 +10,7 @@ and logs to W&B.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,10 @@ class PlanRecorder:
             metrics["replan_reused_micro_batches"] = replan.reused_micro_batches
         if replan.predicted_divergence is not None:
             metrics["predicted_divergence"] = replan.predicted_divergence
+        snapshot = replan.snapshot or {}
+        if "probe_sq_grad" in snapshot:  # the probe gradient the plan follows: a spike shows (probe_gradient_warning)
+            metrics["replan_probe_grad_norm"] = math.sqrt(snapshot["probe_sq_grad"])
+            metrics["replan_update_norm"] = math.sqrt(snapshot["total_sq_update"])
         self.logger.log_metrics(step, metrics)
         self.extra_state["snip"] = {"replans": replan.count, "last_timings": timings, "last_stats": replan.snapshot}
         if not self.is_writer:

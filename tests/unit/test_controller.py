@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import pytest
 import torch
@@ -92,6 +93,9 @@ def test_a_replan_is_a_value_the_host_records(small_overrides, tmp_path):
     replan_rows = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
                    if "replan_fp4_share" in r]
     assert [r["step"] for r in replan_rows] == [2] and "predicted_divergence" in replan_rows[0]
+    # the probe gradient and update norms behind the plan, for dashboards (a spike: probe_gradient_warning)
+    assert replan_rows[0]["replan_probe_grad_norm"] == math.sqrt(outcome.snapshot["probe_sq_grad"]) > 0
+    assert replan_rows[0]["replan_update_norm"] == math.sqrt(outcome.snapshot["total_sq_update"]) > 0
     # the re-plan's time in its parts (issue #24): statistics, metrics, solve, broadcast, apply
     assert {"replan_stats_s", "replan_metrics_s", "replan_solve_s", "replan_broadcast_s", "replan_apply_s",
             "replan_replan_total_s"} <= replan_rows[0].keys()
