@@ -3,28 +3,31 @@
     cfg = load_config("launch/configs/tiny.toml", ["training.max_steps=60", "snip.fp4_target=0.8"])
     cfg.validate(world_size=1)
 
-Owns: ``sections.py`` (the dataclasses, per-field and cross-field checks), ``values.py`` (the
-value rules and errors every section shares, TOML values in and out), ``toml_io.py`` (``load_config``,
-``config_from_dict``). May import: the standard library, and ``precision`` (format and mode names,
-lazily, inside checks); nothing else of megatron_snip.
+Owns: ``sections.py`` (the dataclasses, per-field and cross-field checks), ``snip_section.py``
+(the ``[snip]`` section and its choices), ``values.py`` (the value rules and errors every section
+shares, TOML values in and out), ``toml_io.py`` (``load_config``, ``config_from_dict``). May
+import: the standard library, and ``precision`` (format and mode names, lazily, inside checks);
+nothing else of megatron_snip.
 """
 
 from megatron_snip.config.sections import (
-    CURVATURE_NOISE,
-    LOSS_FIRST_ORDER,
-    PRECONDITIONERS,
     RECOMPUTE_MODES,
-    SNIP_BUDGETS,
-    SNIP_TARGETS,
-    WEIGHT_DIVERGENCE,
     Config,
     DataConfig,
     LoggingConfig,
     ModelConfig,
     ParallelConfig,
     PrecisionConfig,
-    SnipConfig,
     TrainingConfig,
+)
+from megatron_snip.config.snip_section import (
+    CURVATURE_NOISE,
+    LOSS_FIRST_ORDER,
+    PRECONDITIONERS,
+    SNIP_BUDGETS,
+    SNIP_TARGETS,
+    WEIGHT_DIVERGENCE,
+    SnipConfig,
 )
 from megatron_snip.config.toml_io import config_from_dict, load_config
 from megatron_snip.config.values import (

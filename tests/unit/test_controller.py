@@ -13,9 +13,9 @@ import torch
 
 from megatron_snip.config import load_config
 from megatron_snip.precision.plan import PrecisionPlan
+from megatron_snip.snip.adam_moments import adam_denominator
 from megatron_snip.snip.controller import SnipController, is_replan_step, probe_gradient_warning
 from megatron_snip.snip.host import SnipHost
-from megatron_snip.snip.stats import adam_denominator
 from megatron_snip.training.trainer import Trainer
 
 TINY = "launch/configs/tiny.toml"

@@ -16,7 +16,7 @@ from torch import nn
 
 from megatron_snip.config import TrainingConfig
 from megatron_snip.parallel.topology import ParallelTopology
-from megatron_snip.snip.stats import adam_denominator, adam_steps
+from megatron_snip.snip.adam_moments import adam_denominator, adam_steps
 from megatron_snip.telemetry.host_syncs import count_host_syncs
 from megatron_snip.training.optim import adam_state, build_optimizer
 from megatron_snip.training.step_guard import optimizer_step, takes_found_inf
