@@ -31,6 +31,12 @@ interval from that step gets - the budget's decision is printed and written to `
 ``plan.json`` is the plan at that share:
 
     python scripts/solve_plan.py --stats runs/x/plans/step_000150_stats.json --run-dir runs/x --out plans_150
+
+Costs remembered across re-plans (``snip.cost_ema > 0``, ``snip/cost_memory.py``): with ``--run-dir`` the
+snapshot's costs are averaged with the memory replayed from the run's earlier snapshots
+(``RUN/plans/step_*_stats.json`` before the step: one per applied plan, each at its step's lambda), so
+the plan is the one the run made. With ``--run-dir`` lambda is the run's (``snip.weight_divergence_weight``,
+LR-scaled where the run scaled it) unless ``--weight-divergence-weight`` is given.
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ from megatron_snip.config import SNIP_TARGETS, SnipConfig, load_config, parse_ti
 from megatron_snip.precision.capability import BACKENDS, GPUS
 from megatron_snip.precision.plan import GRANULARITIES, LINEARS, PrecisionPlan
 from megatron_snip.snip import budget as run_budget
-from megatron_snip.snip import ilp
+from megatron_snip.snip import cost_memory, ilp
 from megatron_snip.snip.metrics import predicted_divergence
 from megatron_snip.snip.policies import PlanContext, cost_curve, make_plan, policy_costs
 from megatron_snip.telemetry.plots import plot_pareto, plot_precision_map
@@ -77,10 +83,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--formats", default=None, help="candidates, comma-separated (default: the snapshot's)")
     ap.add_argument("--granularity", default=SnipConfig.granularity, choices=GRANULARITIES,
                     help="decision unit (snip.granularity; default the config default)")
-    ap.add_argument("--weight-divergence-weight", type=float, default=1.0, help="lambda in sum(dL + lambda*dW)")
+    ap.add_argument("--weight-divergence-weight", type=float, default=None,
+                    help="lambda in sum(dL + lambda*dW) (default 1, or the run's with --run-dir)")
     ap.add_argument("--pp", type=int, default=1, help="pipeline stages for the per-stage constraints")
     ap.add_argument("--run-dir", default=None,
-                    help="a run with snip.budget=\"run\": plan the interval from --step with its budget and plan history")
+                    help="a run with snip.budget=\"run\" (plan the interval from --step with its budget and plan "
+                         "history) or snip.cost_ema > 0 (average with the costs its earlier snapshots leave)")
     ap.add_argument("--step", type=int, default=None, help="with --run-dir: the re-plan step (default: the snapshot's)")
     ap.add_argument("--out", required=True)
     return ap.parse_args(argv)
@@ -119,17 +127,29 @@ def solve(args: argparse.Namespace, path: Path, snapshot: Mapping[str, Any]) -> 
         left_out = "" if ctx.candidates == formats else f" (candidates under the time target: {list(ctx.candidates)})"
         raise ValueError(f"--formats {list(formats)}{left_out}: {unmeasured} were not measured in this snapshot, "
                          f"which holds {snapshot['formats']}; pass --formats from those")
-    costs = policy_costs(args.policy, measured_only(snapshot, ctx.candidates), args.weight_divergence_weight)
+    run_cfg = None if args.run_dir is None else run_config(Path(args.run_dir))
+    step = int(snapshot["step"]) if args.step is None else args.step
+    lam = args.weight_divergence_weight
+    if lam is None:
+        lam = 1.0 if run_cfg is None else run_budget.weight_divergence_weight_at(run_cfg, step)
+    costs = policy_costs(args.policy, measured_only(snapshot, ctx.candidates), lam)
     out = Path(args.out)
     decision = None
-    if args.run_dir is not None:
-        decision, ctx = run_budget_share(args, ctx, costs, int(snapshot["step"]))
+    if run_cfg is not None:
+        if run_cfg.snip.budget != "run" and run_cfg.snip.cost_ema == 0:
+            raise ValueError(f"--run-dir {args.run_dir!r} ran with snip.budget=\"plan\" and snip.cost_ema=0: nothing "
+                             f"of the run changes this plan; drop --run-dir")
+        if run_cfg.snip.cost_ema > 0:
+            memory = replayed_memory(Path(args.run_dir), run_cfg, args.policy, ctx.candidates, step)
+            costs = cost_memory.smoothed(costs, memory, run_cfg.snip.cost_ema)
+        if run_cfg.snip.budget == "run":
+            decision, ctx = run_budget_share(args, run_cfg, ctx, costs, step)
     plan = make_plan(args.policy, ctx, costs)
     out.mkdir(parents=True, exist_ok=True)
     if decision is not None:
         plan = plan.with_extra(decision.extra())
         (out / "budget.json").write_text(json.dumps(decision.extra(), indent=1))
-        print(f"run budget at step {args.step if args.step is not None else snapshot['step']}: interval share "
+        print(f"run budget at step {step}: interval share "
               f"{float(decision.share):.4f} until step {decision.interval[1]} (run target {float(decision.run_target):g}, "
               f"spent {float(decision.spent):.4f}, unspent after it {float(decision.unspent):.4f}); schedule "
               f"{decision.extra()['budget_schedule']}" + (f" ({decision.clamped})" if decision.clamped else ""))
@@ -181,26 +201,40 @@ def plan_context(args: argparse.Namespace, formats: tuple[str, ...], num_layers:
     if given and missing:
         raise ValueError(f"--time-costs {args.time_costs!r} has no entry for the candidate(s) {missing}; "
                          f"add '<format>=<ratio>' for each")
+    lam = 1.0 if args.weight_divergence_weight is None else args.weight_divergence_weight  # checked as the field
     settings = SnipConfig(policy=args.policy, formats=formats, fp4_target=args.fp4_target,
-                          granularity=args.granularity, weight_divergence_weight=args.weight_divergence_weight,
+                          granularity=args.granularity, weight_divergence_weight=lam,
                           target=args.target, time_budget=1.0 if args.time_budget is None else args.time_budget,
                           time_costs=time_costs)
     return PlanContext.for_run(settings, num_layers, numel, args.pp, step=step, backend=args.backend,
                                sm=GPUS[args.gpu].sm if args.gpu else None)
 
 
-def run_budget_share(args: argparse.Namespace, ctx: PlanContext, costs: Mapping[Any, Mapping[str, float]],
-                     snapshot_step: int) -> tuple[run_budget.BudgetDecision, PlanContext]:
-    """``--run-dir``: the run's budget decision at ``--step`` and the context at its share (ValueError for a
-    run without ``snip.budget = "run"`` or without plans before the step)."""
-    run = Path(args.run_dir)
+def run_config(run: Path):
+    """The config of run directory ``run`` (its ``config.toml``; ValueError without one)."""
     if not (run / "config.toml").is_file():
         raise ValueError(f"--run-dir {str(run)!r} has no config.toml; give a training.run_dir")
-    cfg = load_config(str(run / "config.toml"))
-    if cfg.snip.budget != "run":
-        raise ValueError(f"--run-dir {str(run)!r} ran with snip.budget={cfg.snip.budget!r}; a run-level budget needs "
-                         f"a run with snip.budget=\"run\" (or drop --run-dir)")
-    step = snapshot_step if args.step is None else args.step
+    return load_config(str(run / "config.toml"))
+
+
+def replayed_memory(run: Path, cfg, policy: str, candidates: tuple[str, ...], step: int):
+    """The cost memory (``snip.cost_ema``) the run held before re-planning at ``step``: the costs of its
+    snapshots ``plans/step_*_stats.json`` of earlier steps, averaged in order as the controller did
+    (a snapshot is written only for an applied plan, the memory's only updates); None without one."""
+    snapshots = [json.loads(p.read_text()) for p in (run / "plans").glob("step_*_stats.json")]
+    memory = None
+    for snap in sorted((s for s in snapshots if s["step"] < step), key=lambda s: s["step"]):
+        lam = run_budget.weight_divergence_weight_at(cfg, int(snap["step"]))
+        memory = cost_memory.smoothed(policy_costs(policy, measured_only(snap, candidates), lam), memory,
+                                      cfg.snip.cost_ema)
+    return memory
+
+
+def run_budget_share(args: argparse.Namespace, cfg, ctx: PlanContext, costs: Mapping[Any, Mapping[str, float]],
+                     step: int) -> tuple[run_budget.BudgetDecision, PlanContext]:
+    """``--run-dir`` of a run with ``snip.budget = "run"`` (config ``cfg``): its budget decision at ``step``
+    and the context at its share (ValueError without plans before the step)."""
+    run = Path(args.run_dir)
     plans = sorted((PrecisionPlan.load(p) for p in (run / "plans").glob("step_*.json") if not p.stem.endswith("_stats")),
                    key=lambda p: p.step)
     history = [p for p in plans if p.step < step]

@@ -67,6 +67,11 @@ class SnipConfig:
     # by, the probe gradient folded in as AdamW folds a step's gradient in first: bounded where one
     # probe gradient is far above v̂'s history). snip/adam_moments.py adam_denominator, docs/snip.md.
     preconditioner: str = "stored"
+    # Memory of the costs across re-plans: a plan is solved from c_k = cost_ema * c_(k-1) + (1 - cost_ema)
+    # * (this re-plan's costs), an exponential moving average over the re-plans (the first takes its
+    # own; snip/cost_memory.py, docs/snip.md "Costs across re-plans"). 0, the default and every recorded
+    # result: each plan follows its own probe batches only. In [0, 1).
+    cost_ema: float = 0.0
     propagation_sequences: int = 1  # sequences of the first probe batch for the exact dgrad-propagation pass
     # Policy "truth" only (the oracle of snip/truth.py): training micro-batches its measured divergences
     # are averaged over, from the re-plan step's data on. Each costs 3 passes per linear and format.
@@ -125,6 +130,9 @@ class SnipConfig:
             raise field_error("snip.weight_divergence", self.weight_divergence, f"choose one of {list(WEIGHT_DIVERGENCE)}")
         if self.preconditioner not in PRECONDITIONERS:
             raise field_error("snip.preconditioner", self.preconditioner, f"choose one of {list(PRECONDITIONERS)}")
+        if not 0.0 <= self.cost_ema < 1.0:
+            raise field_error("snip.cost_ema", self.cost_ema,
+                              "must be in [0, 1): the previous re-plans' weight in a plan's costs (0 = off, e.g. 0.5)")
         if self.warmup < 0:
             raise field_error("snip.warmup", self.warmup, "must be >= 0")
         if self.probe_micro_batch_size < 0:

@@ -447,6 +447,14 @@ def plan_lr_scale(cfg: Config, step: int) -> float:
     return math.fsum(lr_at(k, t) / t.lr for k in range(step, end)) / (end - step)  # exact 1.0 at the peak
 
 
+def weight_divergence_weight_at(cfg: Config, step: int) -> float:
+    """lambda of the costs of a re-plan at ``step``: ``snip.weight_divergence_weight``, times the plan's
+    mean LR over its interval relative to the peak (``plan_lr_scale``) under
+    ``snip.weight_divergence_lr_scaled`` (the controller and the offline planner's replay use this)."""
+    s = cfg.snip
+    return s.weight_divergence_weight * (plan_lr_scale(cfg, step) if s.weight_divergence_lr_scaled else 1.0)
+
+
 def schedule_lines(cfg: Config) -> list[str]:
     """The dry run's account of a run-level budget (``snip.budget = "run"``): horizon, re-plan steps,
     interval weights, and the schedule a static rule or a ``<rule>+switch`` gets (cost linear in the

@@ -16,7 +16,8 @@ solve keeps the previous plan and says why. The schedule is a function of the st
 checkpointed by the host, so a resumed run continues with the same plan and the same re-plan steps.
 Under ``snip.budget = "run"`` each re-plan first chooses its interval's FP4 share from the plan
 history and the policy's cost curve (``snip/budget.py``), and the schedule
-gains a re-plan at the WSD decay onset.
+gains a re-plan at the WSD decay onset. Under ``snip.cost_ema > 0`` a plan is solved from the moving
+average of the costs of the re-plans so far (``snip/cost_memory.py``), checkpointed with the counter.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from megatron_snip.data.device_batches import BatchLoader
 from megatron_snip.model.shapes import linear_numel, model_linear_shapes
 from megatron_snip.parallel import comm
 from megatron_snip.precision.plan import GemmId, PrecisionPlan
-from megatron_snip.snip import ilp, truth
-from megatron_snip.snip.budget import RunBudget, plan_lr_scale
+from megatron_snip.snip import cost_memory, ilp, truth
+from megatron_snip.snip.budget import RunBudget, weight_divergence_weight_at
 from megatron_snip.snip.gather import reduce_snapshot
 from megatron_snip.snip.host import Replan, SnipHost, TokenSource
 from megatron_snip.snip.metrics import predicted_divergence
@@ -123,7 +124,10 @@ class SnipController:
                                                    compiled_quantizers=cfg.precision.compile_quantizers))
         if self.spec.policy.statistics == "truth":
             truth.check_single_process(host.topo.world_size, f"snip.policy={s.policy!r}")
-        self.replans = host.extra_state.get("snip", {}).get("replans", 0)  # restored by a resume
+        restored = host.extra_state.get("snip", {})  # the controller's state, restored by a resume
+        self.replans = restored.get("replans", 0)
+        # snip.cost_ema: the costs the plans applied so far were solved from (global rank 0's; None before the first)
+        self.cost_memory = cost_memory.from_state(restored.get("cost_memory"))
         # snip.budget="run" (snip/budget.py); the references (bf16, uniform:<f>) are exempt from any FP4 target
         self.budget = RunBudget.for_run(cfg) if s.budget == "run" and self.spec.name not in ("bf16", "uniform") else None
 
@@ -203,27 +207,28 @@ class SnipController:
         timings["apply_s"] = time.perf_counter() - t1
         timings["replan_total_s"] = time.perf_counter() - t0
         self.replans += 1
+        state = None
+        if self.cfg.snip.cost_ema > 0 and costs is not None:  # remembered only once its plan is applied
+            self.cost_memory = costs
+            state = {"cost_memory": cost_memory.to_state(costs)}
         changed = sum(a != b for (_, a), (_, b) in zip(previous.entries, plan.entries))
         return Replan(step, plan, snapshot=snapshot, timings=timings, predicted_divergence=decision.get("predicted"),
-                      gemms_changed=changed, count=self.replans, costs=costs, reused_micro_batches=reused)
-
-    def _weight_divergence_weight(self, step: int) -> float:
-        """lambda of this re-plan's costs: ``snip.weight_divergence_weight``, times the plan's mean LR
-        over its interval relative to the peak under ``snip.weight_divergence_lr_scaled``."""
-        s = self.cfg.snip
-        return s.weight_divergence_weight * (plan_lr_scale(self.cfg, step) if s.weight_divergence_lr_scaled else 1.0)
+                      gemms_changed=changed, count=self.replans, costs=costs, reused_micro_batches=reused,
+                      controller_state=state)
 
     def _decide(self, snapshot: dict | None, step: int, previous: PrecisionPlan,
                 history: list[PrecisionPlan]) -> tuple[dict[str, Any], dict[GemmId, dict[str, float]] | None]:
-        """Metrics and solve on global rank 0: ({"plan": json, "predicted", "timings"} or {"error"}, the costs).
+        """Metrics and solve on global rank 0: ({"plan": json, "predicted", "timings"} or {"error"}, the costs
+        the plan is solved from: this re-plan's, averaged with the memory under ``snip.cost_ema``).
         ``history``: the plans in force so far, in order (the run budget's spent share)."""
         t1 = time.perf_counter()
         costs = None
         if snapshot is not None:
-            costs = policy_costs(self.spec.name, snapshot, self._weight_divergence_weight(step))
+            costs = policy_costs(self.spec.name, snapshot, weight_divergence_weight_at(self.cfg, step))
             bad = [g.key for g, per_format in costs.items() if not all(math.isfinite(c) for c in per_format.values())]
             if bad:  # a NaN/inf cost would make the ILP invalid; the old plan stays
                 return {"error": f"non-finite SNIP statistics for {len(bad)} GEMM(s), e.g. {bad[:3]}"}, None
+            costs = cost_memory.smoothed(costs, self.cost_memory, self.cfg.snip.cost_ema)
         out_timings = {"metrics_s": time.perf_counter() - t1}
         t1 = time.perf_counter()
         ctx = self.context.at_step(step)
@@ -240,7 +245,9 @@ class SnipController:
         if spend is not None and plan.solver_status != "TIMEOUT":  # a kept plan keeps its own record
             plan = plan.with_extra(spend.extra())
         if self.cfg.snip.weight_divergence_lr_scaled and costs is not None and plan.solver_status != "TIMEOUT":
-            plan = plan.with_extra({"weight_divergence_weight": self._weight_divergence_weight(step)})
+            plan = plan.with_extra({"weight_divergence_weight": weight_divergence_weight_at(self.cfg, step)})
+        if self.cfg.snip.cost_ema > 0 and costs is not None and plan.solver_status != "TIMEOUT":
+            plan = plan.with_extra({"cost_ema": self.cfg.snip.cost_ema})
         out_timings["solve_s"] = time.perf_counter() - t1
         predicted = predicted_divergence(costs, plan.as_dict()) if costs is not None else None
         return {"plan": plan.to_json_dict(), "predicted": predicted, "timings": out_timings}, costs

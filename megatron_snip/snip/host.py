@@ -175,6 +175,9 @@ class Replan:
             global rank 0 only (None elsewhere, and for policies without costs).
         reused_micro_batches: micro-batches of this step whose gradients the training step takes
             from the statistics' reference pass (``snip.reuse_step``; this rank's, 0 without reuse).
+        controller_state: JSON-like entries the controller restores on resume, checkpointed beside
+            the re-plan counter in ``extra_state["snip"]`` (the cost memory of ``snip.cost_ema``;
+            None: nothing beyond the counter).
     """
 
     step: int
@@ -187,6 +190,7 @@ class Replan:
     count: int = 0
     costs: Mapping[GemmId, Mapping[str, float]] | None = None
     reused_micro_batches: int = 0
+    controller_state: Mapping[str, Any] | None = None
 
     @property
     def applied(self) -> bool:

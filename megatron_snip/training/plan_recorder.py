@@ -74,7 +74,8 @@ class PlanRecorder:
             metrics["replan_probe_grad_norm"] = math.sqrt(snapshot["probe_sq_grad"])
             metrics["replan_update_norm"] = math.sqrt(snapshot["total_sq_update"])
         self.logger.log_metrics(step, metrics)
-        self.extra_state["snip"] = {"replans": replan.count, "last_timings": timings, "last_stats": replan.snapshot}
+        self.extra_state["snip"] = {"replans": replan.count, "last_timings": timings, "last_stats": replan.snapshot,
+                                    **(replan.controller_state or {})}
         if not self.is_writer:
             return
         plans_dir = self.run_dir / "plans"

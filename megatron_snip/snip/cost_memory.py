@@ -1,0 +1,64 @@
+"""Costs remembered across re-plans (``snip.cost_ema``): an exponential moving average.
+
+One re-plan's costs follow its few probe batches, and plans made from slightly different statistics
+share few of their protected GEMMs (docs/results/preconditioner/results.md), so part of what moves
+a plan from one re-plan to the next is the probe's noise, not the model. With ``cost_ema = β > 0``
+the k-th applied plan is solved from
+
+    c̄_k = β · c̄_(k-1) + (1 − β) · c_k,        c̄_1 = c_1,
+
+per GEMM and format, where c_k are that re-plan's costs (``policies.policy_costs``: fractions of
+their whole-model total, so re-plans of different gradient scale weigh alike). β is the weight of
+the past: re-plan k − j enters with β^j (1 − β), and the costs of about 1 / (1 − β) re-plans
+carry a plan. The first re-plan, and one whose GEMMs or formats differ from the memory's (a
+changed candidate set), starts a new memory from its own costs.
+
+The memory holds the costs of the plans applied so far (a failed or timed-out solve leaves it as
+it was, as it leaves the plan). It lives on global rank 0, which solves, and is checkpointed with
+the controller's state as JSON-like ``{"<layer>.<linear>.<gemm>": {format: cost}}``, which
+``from_state`` reads back to the same floats (a resumed run plans the same).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from megatron_snip.precision.plan import GemmId
+
+Costs = Mapping[GemmId, Mapping[str, float]]
+
+
+def same_units(a: Costs, b: Costs) -> bool:
+    """Whether two cost tables price the same GEMMs in the same formats."""
+    return a.keys() == b.keys() and all(a[g].keys() == b[g].keys() for g in a)
+
+
+def smoothed(current: Costs, memory: Costs | None, beta: float) -> dict[GemmId, dict[str, float]]:
+    """β · memory + (1 − β) · current, per GEMM and format; ``current`` itself (a copy) without a
+    memory, at β = 0, or when the two tables do not price the same units (``same_units``)."""
+    if not 0.0 <= beta < 1.0:
+        raise ValueError(f"cost_ema={beta} must be in [0, 1)")
+    if memory is None or beta == 0.0 or not same_units(current, memory):
+        return {g: dict(per_f) for g, per_f in current.items()}
+    return {g: {f: beta * memory[g][f] + (1.0 - beta) * c for f, c in per_f.items()} for g, per_f in current.items()}
+
+
+def to_state(costs: Costs) -> dict[str, dict[str, float]]:
+    """The checkpointed form: ``{"<layer>.<linear>.<gemm>": {format: cost}}`` (plain floats)."""
+    return {g.key: {f: float(c) for f, c in per_f.items()} for g, per_f in costs.items()}
+
+
+def from_state(state: Mapping[str, Any] | None) -> dict[GemmId, dict[str, float]] | None:
+    """``to_state``'s inverse; None for no memory. TypeError for a state that is not a mapping, ValueError
+    naming the entry for a malformed one (a checkpoint's controller state is data: nothing in it is executed)."""
+    if state is None:
+        return None
+    if not isinstance(state, Mapping):
+        raise TypeError(f"the checkpointed cost memory is {type(state).__name__}, not a mapping of GEMM keys")
+    out: dict[GemmId, dict[str, float]] = {}
+    for key, per_f in state.items():
+        if not isinstance(per_f, Mapping) or not all(isinstance(c, (int, float)) for c in per_f.values()):
+            raise ValueError(f"the checkpointed cost memory's entry {key!r} is {per_f!r}, not {{format: cost}}")
+        out[GemmId.parse(key)] = {str(f): float(c) for f, c in per_f.items()}
+    return out
