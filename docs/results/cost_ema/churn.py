@@ -1,12 +1,16 @@
 """Per re-plan of two arms' SNIP runs: how many GEMMs each plan protects, how many it changes from the
-arm's previous plan (the churn), and how many protected GEMMs the two arms' plans share.
+arm's previous plan (the churn), how many protected GEMMs the two arms' plans share, and how much
+worse each arm's costs rate the other arm's plan than its own (the regret).
 
     python docs/results/cost_ema/churn.py runs/ce4_plan runs/ce4_ema [--policy snip]
 
 Reads only ``<out-dir>/<policy>_*_seed<N>/plans/step_*.json`` (the plans in force, the initial one
 first). Protected: a GEMM not in an FP4 format. Changed: GEMMs whose format differs from the
-previous plan's (for the first re-plan, from the BF16 initial plan: every GEMM). Ends with the mean
-churn per arm over the re-plans after the first.
+previous plan's (for the first re-plan, from the BF16 initial plan: every GEMM). Regret a: the
+other arm's plan priced by the costs of arm a's own snapshot at that step (``policies.policy_costs``,
+lambda 1, as the runs used), over a's plan priced the same, minus 1; regret b likewise. A small
+regret says the two plans are near-equivalent under SNIP's own model, so what separates them is
+not the statistics' noise. Ends with the mean churn per arm over the re-plans after the first.
 """
 
 from __future__ import annotations
@@ -15,6 +19,10 @@ import argparse
 import itertools
 import json
 from pathlib import Path
+
+from megatron_snip.precision.plan import GemmId
+from megatron_snip.snip.metrics import predicted_divergence
+from megatron_snip.snip.policies import policy_costs
 
 
 def plans(run: Path) -> dict[int, dict[str, str]]:
@@ -32,6 +40,16 @@ def runs(out_dir: Path, policy: str) -> dict[int, Path]:
     return {int(r.name.rsplit("_seed", 1)[1]): r for r in sorted(out_dir.glob(f"{policy}_*_seed*"))}
 
 
+def regret(run: Path, step: int, own: dict[str, str], other: dict[str, str]) -> float:
+    """How much worse ``run``'s costs at ``step`` rate ``other`` than ``own`` (a fraction)."""
+    costs = policy_costs("snip", json.loads((run / "plans" / f"step_{step:06d}_stats.json").read_text()))
+
+    def price(entries: dict[str, str]) -> float:
+        return predicted_divergence(costs, {GemmId.parse(g): f for g, f in entries.items()})
+
+    return price(other) / price(own) - 1.0
+
+
 def protected(entries: dict[str, str]) -> set[str]:
     return {g for g, f in entries.items() if not f.startswith("fp4")}
 
@@ -43,8 +61,8 @@ def main() -> None:
     ap.add_argument("--policy", default="snip")
     args = ap.parse_args()
     runs_a, runs_b = runs(args.a, args.policy), runs(args.b, args.policy)
-    print("| seed | step | protected a | protected b | changed a | changed b | shared |")
-    print("|---|---|---|---|---|---|---|")
+    print("| seed | step | protected a | protected b | changed a | changed b | shared | regret a | regret b |")
+    print("|---|---|---|---|---|---|---|---|---|")
     later = {"a": [], "b": []}
     for seed in sorted(set(runs_a) & set(runs_b)):
         pa, pb = plans(runs_a[seed]), plans(runs_b[seed])
@@ -55,8 +73,10 @@ def main() -> None:
             if prev != steps[0]:
                 later["a"].append(ca)
                 later["b"].append(cb)
+            ra = regret(runs_a[seed], step, pa[step], pb[step])
+            rb = regret(runs_b[seed], step, pb[step], pa[step])
             print(f"| {seed} | {step} | {len(protected(pa[step]))} | {len(protected(pb[step]))} | {ca} | {cb} "
-                  f"| {len(protected(pa[step]) & protected(pb[step]))} |")
+                  f"| {len(protected(pa[step]) & protected(pb[step]))} | {ra:+.1%} | {rb:+.1%} |")
     for arm, changed in later.items():
         if changed:
             print(f"\nmean GEMMs changed per re-plan after the first, arm {arm}: "
