@@ -9,8 +9,9 @@ first). Protected: a GEMM not in an FP4 format. Changed: GEMMs whose format diff
 previous plan's (for the first re-plan, from the BF16 initial plan: every GEMM). Regret a: the
 other arm's plan priced by the costs of arm a's own snapshot at that step (``policies.policy_costs``,
 lambda 1, as the runs used), over a's plan priced the same, minus 1; regret b likewise. A small
-regret says the two plans are near-equivalent under SNIP's own model, so what separates them is
-not the statistics' noise. Ends with the mean churn per arm over the re-plans after the first.
+regret says the two plans are near-equivalent under SNIP's own model. An arm whose plans are
+solved from other costs than its snapshot's (``snip.cost_ema``: the average) can have a negative
+regret: the other plan is then the better one under this re-plan's costs alone. Ends with the mean churn per arm over the re-plans after the first.
 """
 
 from __future__ import annotations
