@@ -48,7 +48,9 @@ def _train(topo, overrides):
     ctl.replan = replan
     tr.fit([ctl])
     tr.logger.close()
-    return {"hashes": [p.hash for p in tr.plan_history], "snapshots": snapshots, "rank": tr.topo.rank}
+    return {"hashes": [p.hash for p in tr.plan_history], "snapshots": snapshots, "rank": tr.topo.rank,
+            "memory": ctl.cost_memory, "state": tr.extra_state["snip"].get("cost_memory"),
+            "extra": [dict(p.extra).get("cost_ema") for p in tr.plan_history[1:]]}
 
 
 def _worker(rank, world, overrides):
@@ -150,27 +152,6 @@ def test_dp2_replan_step_reusing_its_reference_pass_is_a_bf16_step(tmp_path, lay
             assert torch.equal(a, b)
 
 
-def _cost_memory_worker(rank, world, overrides):
-    cfg = load_config(TINY, overrides)
-    topo = init_distributed(cfg.parallel.tp, cfg.parallel.pp, device_type="cpu", timeout_s=120)
-    tr = Trainer(cfg, topo)
-    ctl = SnipController(cfg, tr)
-    snapshots = []
-    real = ctl.replan
-
-    def replan(host, step):
-        outcome = real(host, step)
-        snapshots.append(outcome.snapshot)
-        return outcome
-
-    ctl.replan = replan
-    tr.fit([ctl])
-    tr.logger.close()
-    return {"rank": tr.topo.rank, "hashes": [p.hash for p in tr.plan_history], "memory": ctl.cost_memory,
-            "state": tr.extra_state["snip"].get("cost_memory"), "snapshots": snapshots,
-            "extra": [dict(p.extra).get("cost_ema") for p in tr.plan_history[1:]]}
-
-
 def test_tp2_pp2_cost_memory_lives_on_rank_0_and_every_rank_applies_its_plan(tmp_path):
     """snip.cost_ema = 0.5 on TP=2 x PP=2: global rank 0, which solves, remembers 0.5 x (step 1's costs) +
     0.5 x (step 3's), each from the whole-model snapshot it reduced, and checkpoints that; the other ranks
@@ -180,7 +161,7 @@ def test_tp2_pp2_cost_memory_lives_on_rank_0_and_every_rank_applies_its_plan(tmp
 
     overrides = BASE + [f"data.cache_dir={tmp_path / 'cache'}", f"training.run_dir={tmp_path / 'run'}",
                         "parallel.tp=2", "parallel.pp=2", "snip.cost_ema=0.5"]
-    results = sorted(run_ranks(_cost_memory_worker, 4, (overrides,), timeout_s=360), key=lambda r: r["rank"])
+    results = sorted(run_ranks(_worker, 4, (overrides,), timeout_s=360), key=lambda r: r["rank"])
     assert len({tuple(r["hashes"]) for r in results}) == 1 and len(results[0]["hashes"]) == 3
     rank0 = results[0]
     c1, c3 = (policy_costs("snip", s) for s in rank0["snapshots"])

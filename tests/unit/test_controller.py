@@ -17,41 +17,15 @@ from megatron_snip.snip.adam_moments import adam_denominator
 from megatron_snip.snip.controller import SnipController, is_replan_step, probe_gradient_warning
 from megatron_snip.snip.host import SnipHost
 from megatron_snip.training.trainer import Trainer
+from tests.unit.snip_runs import fit_snip
 
 TINY = "launch/configs/tiny.toml"
 SNIP = ["snip.enabled=true", "snip.policy=snip", "snip.warmup=2", "snip.interval=3", "snip.probe_batches=1",
         "snip.noise_draws=1", "training.log_interval=1", "training.eval_interval=100", "training.max_steps=8"]
 
 
-class _Crash(Exception):
-    pass
-
-
-class _CrashAfter:
-    """A callback that kills the run after step ``n`` (its checkpoint already written)."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def before_step(self, trainer, step):
-        pass
-
-    def after_step(self, trainer, step):
-        if trainer.step == self.n:
-            raise _Crash
-
-
 def _fit(overrides, crash_after=None):
-    cfg = load_config(TINY, overrides)
-    tr = Trainer(cfg)
-    ctl = SnipController(cfg, tr)
-    try:
-        tr.fit([ctl] + ([_CrashAfter(crash_after)] if crash_after else []))
-        ctl.on_train_end(tr)  # as training.run.run_training does
-    except _Crash:
-        pass
-    tr.logger.close()
-    return tr
+    return fit_snip(overrides, crash_after)[0]
 
 
 def _losses(run_dir):

@@ -15,10 +15,9 @@ import pytest
 from megatron_snip.config import load_config
 from megatron_snip.precision.plan import GemmId, PrecisionPlan
 from megatron_snip.snip import cost_memory
-from megatron_snip.snip.controller import SnipController
 from megatron_snip.snip.metrics import predicted_divergence
 from megatron_snip.snip.policies import policy_costs
-from megatron_snip.training.trainer import Trainer
+from tests.unit.snip_runs import fit_snip
 
 TINY = "launch/configs/tiny.toml"
 # re-plans at steps 2 and 5 of 8
@@ -64,35 +63,6 @@ def test_a_weight_outside_0_1_is_refused_by_name(bad):
         load_config(TINY, [f"snip.cost_ema={bad}"])
 
 
-class _Crash(Exception):
-    pass
-
-
-class _CrashAfter:
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def before_step(self, trainer, step):
-        pass
-
-    def after_step(self, trainer, step):
-        if trainer.step == self.n:
-            raise _Crash
-
-
-def _fit(overrides, crash_after=None):
-    cfg = load_config(TINY, overrides)
-    tr = Trainer(cfg)
-    ctl = SnipController(cfg, tr)
-    try:
-        tr.fit([ctl] + ([_CrashAfter(crash_after)] if crash_after else []))
-        ctl.on_train_end(tr)
-    except _Crash:
-        pass
-    tr.logger.close()
-    return tr, ctl
-
-
 def _snapshot_costs(run, step):
     return policy_costs("snip", json.loads((run / "plans" / f"step_{step:06d}_stats.json").read_text()))
 
@@ -101,7 +71,7 @@ def test_the_controller_plans_from_the_average_of_its_recorded_costs(small_overr
     """With cost_ema = 0.5 the step-5 plan is solved from 0.5 x (step 2's costs) + 0.5 x (step 5's), each
     recomputed from the snapshot the run wrote: the checkpointed memory is that average, the plan's
     recorded predicted divergence is priced with it, and the plan records its weight."""
-    tr, ctl = _fit(small_overrides + EMA)
+    tr, ctl = fit_snip(small_overrides + EMA)
     run = tmp_path / "run"
     assert [p.step for p in tr.plan_history] == [0, 2, 5]
     c2, c5 = _snapshot_costs(run, 2), _snapshot_costs(run, 5)
@@ -130,7 +100,7 @@ def test_the_controller_plans_from_the_average_of_its_recorded_costs(small_overr
 def test_without_a_weight_nothing_is_remembered(small_overrides, tmp_path):
     """The default (cost_ema = 0): no memory in the checkpointed state or the plans, and the offline
     planner's --run-dir says that the run has nothing that changes a plan."""
-    tr, ctl = _fit(small_overrides + SNIP)
+    tr, ctl = fit_snip(small_overrides + SNIP)
     run = tmp_path / "run"
     assert ctl.cost_memory is None and "cost_memory" not in tr.extra_state["snip"]
     assert all("cost_ema" not in dict(p.extra) for p in tr.plan_history)
@@ -146,11 +116,11 @@ def test_a_resumed_run_keeps_the_memory_exactly(small_overrides, tmp_path):
     """Preempted after step 4 (checkpoint at 4, between the re-plans of steps 2 and 5) and resumed: the
     step-5 plan averages with the restored step-2 costs, so the plans, the losses and the final memory
     are those of the uninterrupted run, bit for bit."""
-    full, full_ctl = _fit(small_overrides + EMA)
+    full, full_ctl = fit_snip(small_overrides + EMA)
     run2 = tmp_path / "run2"
     over2 = [o for o in small_overrides if not o.startswith("training.run_dir")] + [f"training.run_dir={run2}"] + EMA
-    _fit(over2 + ["training.save_interval=4"], crash_after=4)
-    resumed, resumed_ctl = _fit(over2 + ["training.resume=true"])
+    fit_snip(over2 + ["training.save_interval=4"], crash_after=4)
+    resumed, resumed_ctl = fit_snip(over2 + ["training.resume=true"])
     assert [p.hash for p in resumed.plan_history] == [p.hash for p in full.plan_history]
     assert resumed_ctl.cost_memory == full_ctl.cost_memory
 

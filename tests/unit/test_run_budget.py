@@ -23,6 +23,7 @@ from megatron_snip.snip.budget import Interval, RunBudget, allocate, intervals_f
 from megatron_snip.snip.policies import PlanContext, check_policy_context, cost_curve, make_plan
 from megatron_snip.snip.problem import InfeasibleError
 from megatron_snip.snip.rules import switch_entries
+from tests.unit.snip_runs import fit_snip
 
 TINY = "launch/configs/tiny.toml"
 F = Fraction
@@ -268,30 +269,7 @@ def _fit_config(overrides):
 
 
 def _fit(overrides, crash_after=None):
-    from megatron_snip.snip.controller import SnipController
-    from megatron_snip.training.trainer import Trainer
-
-    class Crash(Exception):
-        pass
-
-    class CrashAfter:
-        def before_step(self, trainer, step):
-            pass
-
-        def after_step(self, trainer, step):
-            if trainer.step == crash_after:
-                raise Crash
-
-    cfg = load_config(TINY, overrides)
-    tr = Trainer(cfg)
-    ctl = SnipController(cfg, tr)
-    try:
-        tr.fit([ctl] + ([CrashAfter()] if crash_after else []))
-        ctl.on_train_end(tr)
-    except Crash:
-        pass
-    tr.logger.close()
-    return tr
+    return fit_snip(overrides, crash_after)[0]
 
 
 def _run_share(plans, horizon, numel):
