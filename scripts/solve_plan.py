@@ -50,9 +50,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from megatron_snip.config import SNIP_TARGETS, SnipConfig, load_config, parse_time_costs
+from megatron_snip.config import SNIP_TARGETS, Config, SnipConfig, load_config, parse_time_costs
 from megatron_snip.precision.capability import BACKENDS, GPUS
-from megatron_snip.precision.plan import GRANULARITIES, LINEARS, PrecisionPlan
+from megatron_snip.precision.plan import GRANULARITIES, LINEARS, GemmId, PrecisionPlan
 from megatron_snip.snip import budget as run_budget
 from megatron_snip.snip import cost_memory, ilp
 from megatron_snip.snip.metrics import predicted_divergence
@@ -210,14 +210,15 @@ def plan_context(args: argparse.Namespace, formats: tuple[str, ...], num_layers:
                                sm=GPUS[args.gpu].sm if args.gpu else None)
 
 
-def run_config(run: Path):
+def run_config(run: Path) -> Config:
     """The config of run directory ``run`` (its ``config.toml``; ValueError without one)."""
     if not (run / "config.toml").is_file():
         raise ValueError(f"--run-dir {str(run)!r} has no config.toml; give a training.run_dir")
     return load_config(str(run / "config.toml"))
 
 
-def replayed_memory(run: Path, cfg, policy: str, candidates: tuple[str, ...], step: int):
+def replayed_memory(run: Path, cfg: Config, policy: str, candidates: tuple[str, ...],
+                    step: int) -> dict[GemmId, dict[str, float]] | None:
     """The cost memory (``snip.cost_ema``) the run held before re-planning at ``step``: the costs of its
     snapshots ``plans/step_*_stats.json`` of earlier steps, averaged in order as the controller did
     (a snapshot is written only for an applied plan, the memory's only updates); None without one."""
@@ -230,7 +231,7 @@ def replayed_memory(run: Path, cfg, policy: str, candidates: tuple[str, ...], st
     return memory
 
 
-def run_budget_share(args: argparse.Namespace, cfg, ctx: PlanContext, costs: Mapping[Any, Mapping[str, float]],
+def run_budget_share(args: argparse.Namespace, cfg: Config, ctx: PlanContext, costs: Mapping[Any, Mapping[str, float]],
                      step: int) -> tuple[run_budget.BudgetDecision, PlanContext]:
     """``--run-dir`` of a run with ``snip.budget = "run"`` (config ``cfg``): its budget decision at ``step``
     and the context at its share (ValueError without plans before the step)."""

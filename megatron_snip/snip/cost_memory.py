@@ -2,7 +2,8 @@
 
 One re-plan's costs follow its few probe batches, and plans made from slightly different statistics
 share few of their protected GEMMs (docs/results/preconditioner/results.md), so part of what moves
-a plan from one re-plan to the next is the probe's noise, not the model. With ``cost_ema = β > 0``
+a plan from one re-plan to the next is the probe's noise, not the model. (At 6.46M the average
+settled the plans without moving the loss: docs/results/cost_ema/results.md.) With ``cost_ema = β > 0``
 the k-th applied plan is solved from
 
     c̄_k = β · c̄_(k-1) + (1 − β) · c_k,        c̄_1 = c_1,

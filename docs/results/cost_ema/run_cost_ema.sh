@@ -2,11 +2,11 @@
 # snip.cost_ema = 0.5 against the shipped 0 (protocol.md, registered before its runs). Stage 1: 6.46M
 # on development seeds 11-14, on copies of the bases of ../preconditioner/ (runs/pc4_plan), both arms
 # on this commit. STAGE=2 (only if stage 1 passes): seeds 1-4 at 6.46M and then 1.66M on copies of the
-# bases of ../bf16_time/ (BT, e.g. /work/wt/bt/runs), both arms and bf16 on this commit.
+# bases of ../bf16_time/ (BT: the runs/ folder of a worktree of 02b965d), both arms and bf16 on this commit.
 # Resumable: a rerun skips the runs an out-dir's results.jsonl holds.
 set -x
 # WT: a worktree of the commit protocol.md names; PC: the out-dir holding the preconditioner study's bases.
-: "${WT:?set WT}" "${PC:?set PC, e.g. /work/wt/pc/runs/pc4_plan}"
+: "${WT:?set WT}" "${PC:?set PC: runs/pc4_plan of a worktree of c4943b4}"
 cd $WT
 export PYTHONPATH=$PWD OMP_NUM_THREADS=1
 ALL="--steps 300 --warmup 20 --interval 100 --continuation-schedule wsd --no-sweep --set snip.fair_share=true --set snip.granularity=gemm --eval-windows spread --eval-batches 128 --jobs 2 --threads 1"
@@ -31,7 +31,7 @@ if [ "${STAGE:-1}" = 1 ]; then
     arms runs/ce4 $seeds "$BIG" snip
   done
 else
-  : "${BT:?set BT, e.g. /work/wt/bt/runs}"
+  : "${BT:?set BT: the runs/ folder of a worktree of 02b965d}"
   for seeds in 1,2 3,4; do
     copy_bases $BT/bt4_plan runs/ce4r_plan $seeds
     copy_bases $BT/bt4_plan runs/ce4r_ema $seeds

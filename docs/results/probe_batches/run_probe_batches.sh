@@ -34,14 +34,15 @@ if [ $stage = 1 ]; then
   probe4 runs/pb4_probe4 11,12 "$BIG"
   probe4 runs/pb4_probe4 13,14 "$BIG"
 else
-  copy_bases /work/wt/bt/runs/bt4_plan runs/pb4r_plan 1,2,3,4
-  copy_bases /work/wt/bt/runs/bt4_plan runs/pb4r_probe4 1,2,3,4
+  : "${BT:?set BT: the runs/ folder of a worktree of 02b965d (bases of the bf16_time study)}"
+  copy_bases $BT/bt4_plan runs/pb4r_plan 1,2,3,4
+  copy_bases $BT/bt4_plan runs/pb4r_probe4 1,2,3,4
   for seeds in 1,2 3,4; do
     shipped runs/pb4r_plan $seeds "$BIG"
     probe4 runs/pb4r_probe4 $seeds "$BIG"
   done
-  copy_bases /work/wt/bt/runs/bt_plan runs/pbr_plan 1,2,3,4
-  copy_bases /work/wt/bt/runs/bt_plan runs/pbr_probe4 1,2,3,4
+  copy_bases $BT/bt_plan runs/pbr_plan 1,2,3,4
+  copy_bases $BT/bt_plan runs/pbr_probe4 1,2,3,4
   shipped runs/pbr_plan 1,2,3,4 "$SMALL"
   probe4 runs/pbr_probe4 1,2,3,4 "$SMALL"
 fi
