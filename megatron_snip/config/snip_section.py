@@ -15,7 +15,7 @@ from megatron_snip.precision.plan import GRANULARITIES
 
 CURVATURE_NOISE = ("gaussian", "error")  # snip.curvature_noise: directions of SNIP's forward noise
 LOSS_FIRST_ORDER = ("abs", "signed", "momentum")  # snip.loss_first_order: the loss divergence's first-order term
-WEIGHT_DIVERGENCE = ("norm", "squared")  # snip.weight_divergence: how the weight divergence measures an update error
+WEIGHT_DIVERGENCE = ("norm", "squared", "loss")  # snip.weight_divergence: how the weight divergence measures an update error
 PRECONDITIONERS = ("stored", "with_probe")  # snip.preconditioner: the AdamW second moment the statistics divide by
 SNIP_TARGETS = ("fp4_share", "gemm_time", "both")  # snip.target
 SNIP_BUDGETS = ("plan", "run")  # snip.budget
@@ -60,7 +60,9 @@ class SnipConfig:
     loss_first_order: str = "abs"
     # The weight divergence of a GEMM: "norm" (‖update error‖ / ‖update‖, the default and every recorded
     # result) or "squared" (‖update error‖² / ‖update‖²: additive over GEMMs, as the ILP's sum assumes, and
-    # what AdamW's steady-state excess loss from update noise scales with). snip/metrics.py, docs/snip.md.
+    # what AdamW's steady-state excess loss from update noise scales with) or "loss" (the squares priced in
+    # loss by the curvature of what each error moves: κ times the input's mean square for wgrad, the model's
+    # mean of that for dgrad). snip/metrics.py, docs/snip.md.
     weight_divergence: str = "norm"
     # The √v̂ the statistics precondition gradients and their errors by: "stored" (AdamW's v̂ after the
     # last step: the default and every recorded result) or "with_probe" (the v̂ the next update divides

@@ -17,6 +17,13 @@ each with its own loss L_b, G_b = ∂L_b/∂Y_b):
                          "squared"  the squares of both: (‖·‖ / ‖u‖)²; squared norms of independent
                                     errors add, over the GEMMs the ILP sums and over the parameters
                                     an error reaches, as the excess loss from update noise does
+                         "loss"     the squares, each priced in loss by the curvature of what it moves:
+                                    ΔW_wgrad = c_ℓ · (‖ē_dW ⊘ (√v̂+eps)‖ / ‖u‖)²  (½ δᵀHδ of the update error δ
+                                               through this layer's output, H ≈ κ_ℓ XᵀX, rows of δ isotropic),
+                                    ΔW_dgrad = c̄ · (γ_ℓ‖ē_dX‖ / ‖u‖)²        (the error lands on earlier
+                                               parameters, priced at the model's mean c)
+                                    with c_ℓ = ½ max(κ_ℓ, 0) · sq_x / (tokens · K) and c̄ their mean weighted by
+                                    each weight's entries (``loss_per_update``)
 
 where κ_ℓ = curv_num / curv_den (Hutchinson, one-sided against the reference pass),
 γ_ℓ = sqrt(num / den) of the propagation pass (preconditioned gain of a unit upstream
@@ -76,15 +83,19 @@ def linear_divergences(snapshot: Mapping[str, Any]) -> dict[str, dict[str, Linea
     update_norm = math.sqrt(snapshot["total_sq_update"]) or 1.0
     out: dict[str, dict[str, LinearDivergence]] = {}
     first_order = FIRST_ORDER[snapshot.get("loss_first_order", "abs")]
-    power = WEIGHT_POWER[snapshot.get("weight_divergence", "norm")]
+    mode = snapshot.get("weight_divergence", "norm")
+    power = WEIGHT_POWER[mode]
+    price = loss_per_update(snapshot) if mode == "loss" else None
+    mean_price = _entry_weighted_mean(snapshot, price) if price is not None else 1.0
     for key, s in snapshot["linears"].items():
         kappa, gamma = max(curvature(s), 0.0), propagation_gain(snapshot, key)
+        own_price = 1.0 if price is None else price[key]
         out[key] = {
             f: LinearDivergence(
                 loss_first_order=first_order(pf, n),
                 loss_second_order=0.5 * kappa * pf["sq_ey"] / n,
-                weight_wgrad=(math.sqrt(pf["sq_edw_precond"]) / update_norm) ** power,
-                weight_dgrad=(gamma * math.sqrt(pf["sq_edx"]) / n / update_norm) ** power,
+                weight_wgrad=own_price * (math.sqrt(pf["sq_edw_precond"]) / update_norm) ** power,
+                weight_dgrad=mean_price * (gamma * math.sqrt(pf["sq_edx"]) / n / update_norm) ** power,
             )
             for f, pf in s["per_format"].items()
         }
@@ -100,7 +111,31 @@ FIRST_ORDER = {
 
 
 # The weight divergence's power of the relative update error, by snip.weight_divergence (module docstring).
-WEIGHT_POWER = {"norm": 1, "squared": 2}
+WEIGHT_POWER = {"norm": 1, "squared": 2, "loss": 2}
+
+
+def loss_per_update(snapshot: Mapping[str, Any]) -> dict[str, float]:
+    """{"<layer>.<linear>": c_ℓ}: the second-order loss change per unit squared error δ of linear ℓ's
+    weight update, c_ℓ = ½ max(κ_ℓ, 0) · sq_x / (tokens · K) (``snip.weight_divergence = "loss"``).
+
+    δ (N, K) moves the layer's output by X δᵀ (T, N); the loss changes by ½ κ_ℓ ‖X δᵀ‖² along it
+    (κ_ℓ: the Hutchinson curvature per unit ‖δY‖² of one probe micro-batch, as ΔL's second-order term
+    uses it), and for rows of δ with no preferred direction E‖X δᵀ‖² = ‖δ‖² · ‖X‖²_F / K = ‖δ‖² · T · x̄²,
+    with x̄² = sq_x / (tokens · K) the mean squared input entry. The token count T of a micro-batch is
+    the same for every linear and cancels in the normalization, so it is left out. sq_x and tokens
+    are both summed over TP shards (and K is the shard's), so x̄² is the same at every TP degree."""
+    out = {}
+    for key, s in snapshot["linears"].items():
+        entries = s["tokens"] * s["shape"][1]
+        out[key] = 0.5 * max(curvature(s), 0.0) * (s["sq_x"] / entries if entries > 0 else 0.0)
+    return out
+
+
+def _entry_weighted_mean(snapshot: Mapping[str, Any], per_linear: Mapping[str, float]) -> float:
+    """Mean of a per-linear quantity over the model's linear weight entries (N·K per linear)."""
+    sizes = {k: s["shape"][0] * s["shape"][1] for k, s in snapshot["linears"].items()}
+    total = sum(sizes.values())
+    return sum(per_linear[k] * sizes[k] for k in sizes) / total if total > 0 else 0.0
 
 
 def _normalizer(values: dict[str, dict[str, float]]) -> float:

@@ -25,6 +25,7 @@ from megatron_snip.snip.adam_moments import adam_denominator
 from megatron_snip.snip.metrics import (
     curvature,
     linear_divergences,
+    loss_per_update,
     propagation_gain,
     relative_error_costs,
     snip_costs,
@@ -308,6 +309,62 @@ def test_squared_weight_divergence_squares_both_parts_and_leaves_the_loss_alone(
     total = max(sum(d[f].weight for d in squared.values()) for f in ("fp8", "nvfp4"))
     g = GemmId(0, "fc2", "wgrad")
     assert wgrad[g]["nvfp4"] == pytest.approx(squared["0.fc2"]["nvfp4"].weight_wgrad / total, rel=1e-12)
+
+
+def test_loss_weight_divergence_prices_the_squares_by_curvature_and_input():
+    """snip.weight_divergence="loss": ΔW_wgrad is the "squared" one times c_ℓ = ½κ·sq_x/(tokens·K), and
+    ΔW_dgrad the "squared" one times the entry-weighted mean of c over the model's linears; ΔL is
+    unchanged and the costs are normalized by their own total at the harshest format."""
+    tr = QuadraticTrainer(two=True)
+    tr.set_adam_state(v_hat=0.01)
+    snap = StatsCollector(ProbeConfig(formats=("fp8", "nvfp4"), noise_draws=1, weight_divergence="loss")).collect(
+        tr, [torch.randn(T, K), torch.randn(T, K)], step=1)
+    loss = linear_divergences(snap)
+    squared = linear_divergences({**snap, "weight_divergence": "squared"})
+    lins = snap["linears"]
+    price = {k: 0.5 * max(curvature(s), 0.0) * s["sq_x"] / (s["tokens"] * s["shape"][1]) for k, s in lins.items()}
+    assert loss_per_update(snap) == pytest.approx(price, rel=1e-12)
+    assert price["0.fc2"] > 0 and price["0.fc1"] > 0 and price["0.fc1"] != pytest.approx(price["0.fc2"])
+    size = {k: s["shape"][0] * s["shape"][1] for k, s in lins.items()}
+    mean = sum(price[k] * size[k] for k in lins) / sum(size.values())
+    for key, per_f in loss.items():
+        for f, d in per_f.items():
+            sq = squared[key][f]
+            assert d.loss == sq.loss
+            assert d.weight_wgrad == pytest.approx(price[key] * sq.weight_wgrad, rel=1e-12)
+            assert d.weight_dgrad == pytest.approx(mean * sq.weight_dgrad, rel=1e-12)
+    assert loss["0.fc2"]["nvfp4"].weight_dgrad > 0
+    costs = snip_costs(snap)
+    total = max(sum(d[f].weight for d in loss.values()) for f in ("fp8", "nvfp4"))
+    assert costs[GemmId(0, "fc1", "wgrad")]["nvfp4"] == pytest.approx(loss["0.fc1"]["nvfp4"].weight_wgrad / total,
+                                                                      rel=1e-12)
+
+
+def test_loss_per_update_is_the_mean_loss_change_of_a_weight_error_over_directions():
+    """c_ℓ·T·‖δ‖² is the second-order loss change ½δᵀHδ of a weight error δ averaged over the
+    directions of its rows: here H = C·XᵀX ⊗ I exactly (L = C/2‖Y − XAᵀ‖²), and one row of δ along each
+    unit vector of K in turn gives the mean of ½C‖Xδᵀ‖² = ½C‖X e_i‖² over i, ½C‖X‖²_F / K. The only
+    inexact factor is the Hutchinson κ (within 1e-4 of C, test_curvature_is_exact_for_quadratic_loss)."""
+    tr = QuadraticTrainer()
+    x = torch.randn(T, K) * torch.linspace(0.2, 3.0, K)  # anisotropic inputs: the average over directions matters
+    snap = collect(tr, ("fp8", "nvfp4"), [x])
+    exact = [0.5 * C * (x @ torch.eye(K)[i]).pow(2).sum().item() for i in range(K)]  # δ = e_iᵀ in row 0
+    assert loss_per_update(snap)["0.fc2"] * T == pytest.approx(sum(exact) / K, rel=1e-4)
+
+
+def test_loss_per_update_does_not_depend_on_the_tp_degree():
+    """Per-linear sums are added over TP shards: a column-parallel shard sees all of X (sq_x and tokens
+    both count once per shard), a row-parallel one a K/tp slice (sq_x splits, K shrinks, tokens count
+    per shard). Either way sq_x / (tokens · K) is the mean squared input entry of the whole linear."""
+    s = {"tokens": 256, "shape": [64, 32], "sq_x": 500.0, "curv_num": 6.0, "curv_den": 2.0}
+    whole = loss_per_update({"linears": {"0.qkv": s}})["0.qkv"]
+    tp = 4
+    column = {**s, "tokens": tp * 256, "shape": [64 // tp, 32], "sq_x": tp * 500.0}
+    row = {**s, "tokens": tp * 256, "shape": [64, 32 // tp], "sq_x": 500.0}
+    for shard in (column, row):
+        assert loss_per_update({"linears": {"0.qkv": shard}})["0.qkv"] == pytest.approx(whole, rel=1e-15)
+    negative = {**s, "curv_num": -6.0}  # a negative curvature estimate prices nothing, as in ΔL
+    assert loss_per_update({"linears": {"0.qkv": negative}})["0.qkv"] == 0.0
 
 
 @pytest.mark.parametrize("mode", ["signed", "momentum"])
