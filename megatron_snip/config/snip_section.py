@@ -59,7 +59,7 @@ class SnipConfig:
     # a systematic gain counts), "momentum" (signed, the weight error's part from AdamW's m̂). snip/metrics.py.
     loss_first_order: str = "abs"
     # The weight divergence of a GEMM: "norm" (‖update error‖ / ‖update‖, the default and every recorded
-    # result) or "squared" (‖update error‖² / ‖update‖²: additive over GEMMs, as the ILP's sum assumes, and
+    # result), "squared" (‖update error‖² / ‖update‖²: additive over GEMMs, as the ILP's sum assumes, and
     # what AdamW's steady-state excess loss from update noise scales with) or "loss" (the squares priced in
     # loss by the curvature of what each error moves: κ times the input's mean square for wgrad, the model's
     # mean of that for dgrad). snip/metrics.py, docs/snip.md.
