@@ -63,6 +63,7 @@ from pathlib import Path
 
 from experiments.comparison.estimate import CostModel, dry_list
 from experiments.comparison.protocol import (
+    CONTINUATION_ORDER_STRIDE,
     DEFAULT_SETS,
     DEFAULT_VALID_CORPORA,
     REPO,
@@ -152,6 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--continuation-schedule", choices=("config", "wsd"), default=d.continuation_schedule,
                     help="the continued runs' LR schedule: the config's (default; tiny.toml: cosine) or wsd "
                          "(peak held, then linear decay over the last training.wsd_decay_fraction of the steps)")
+    ap.add_argument("--continuation-order", type=int, default=d.continuation_order,
+                    help="with --base-steps: K > 0 continues every base on another order of the training windows "
+                         f"(data.shuffle_seed = {CONTINUATION_ORDER_STRIDE} K + seed), a replica of the comparison on the same bases; "
+                         "0 (default): the seed's own order")
     ap.add_argument("--sweep-rhos", type=_floats, default=d.sweep_rhos)
     ap.add_argument("--sweep-format-sets", type=_format_sets, default=d.sweep_format_sets,
                     help="format sets of the rho sweep (default the harsher 'fp8,mxfp4')")
@@ -229,6 +234,7 @@ def protocol_from_args(args: argparse.Namespace) -> Protocol:
     return Protocol(config=args.config, steps=args.steps, warmup=args.warmup, interval=args.interval,
                     seeds=args.seeds, rho=args.rho, format_sets=format_sets, format_rhos=format_rhos,
                     base_steps=args.base_steps, continuation_schedule=args.continuation_schedule,
+                    continuation_order=args.continuation_order,
                     sweep_rhos=() if args.no_sweep else args.sweep_rhos,
                     sweep_format_sets=() if args.no_sweep else args.sweep_format_sets, policies=args.policies,
                     train_corpus=args.train_corpus, valid_corpora=valid,

@@ -61,7 +61,7 @@ DRIVER_KEYS = frozenset({
     "precision.initial_plan",
     "snip.enabled", "snip.policy", "snip.fp4_target", "snip.formats", "snip.warmup", "snip.interval", "snip.seed",
     "data.train_path", "data.valid_paths", "training.init_from", "training.init_optimizer",
-    "snip.target", "snip.time_budget", "snip.time_costs",
+    "snip.target", "snip.time_budget", "snip.time_costs", "data.shuffle_seed",
 })
 # The continued-pretraining protocol (``base_steps > 0``) sets these too: the base run holds the LR
 # at its peak after the config's warmup (an intermediate checkpoint of a longer schedule, as the
@@ -69,6 +69,9 @@ DRIVER_KEYS = frozenset({
 # training.warmup_steps=0.
 CONTINUE_KEYS = frozenset({"training.lr_schedule"})
 BASE_POLICY = "base"  # RunSpec.policy of a continued-pretraining base run (BF16, SNIP off)
+# Protocol.continuation_order k gives seed s's continuations data.shuffle_seed = STRIDE * k + s: distinct for
+# every seed below the stride and every order.
+CONTINUATION_ORDER_STRIDE = 1000
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,11 @@ class Protocol:
     # then a linear decay over the last training.wsd_decay_fraction of the steps (as modern pretraining
     # runs end), so "before decay" means a point of the run (issue #33 item 4).
     continuation_schedule: str = "config"
+    # > 0: every continuation sees another order of the training windows from the same base,
+    # data.shuffle_seed = CONTINUATION_ORDER_STRIDE * continuation_order + seed (the base is untouched, and
+    # training.seed still picks the init and the held-out text). 0: the seed's own order, as every
+    # record before it. Replicas of one comparison on the same bases differ only here.
+    continuation_order: int = 0
     sweep_rhos: tuple[float, ...] = (0.5, 0.75, 0.9)
     sweep_format_sets: tuple[tuple[str, ...], ...] = (("fp8", "mxfp4"),)
     policies: tuple[str, ...] = DEFAULT_POLICIES
@@ -136,6 +144,12 @@ class Protocol:
         if self.continuation_schedule != "config" and not self.base_steps:
             raise ValueError("--continuation-schedule=wsd needs --base-steps > 0 (it is the continued runs' schedule); "
                              "from scratch, --set training.lr_schedule=\"wsd\" instead")
+        if self.continuation_order < 0 or (self.continuation_order and not self.base_steps):
+            raise ValueError(f"--continuation-order={self.continuation_order} must be >= 0, and > 0 only with "
+                             f"--base-steps > 0 (it reorders the data of the runs continued from a base)")
+        if self.continuation_order and max(self.seeds) >= CONTINUATION_ORDER_STRIDE:
+            raise ValueError(f"--continuation-order with --seeds up to {max(self.seeds)}: seeds must be below "
+                             f"{CONTINUATION_ORDER_STRIDE} so that each seed's order is its own")
         if self.base_steps < 0:
             raise ValueError(f"--base-steps={self.base_steps} must be >= 0 (0 = every run from scratch)")
         if self.target not in ("fp4_share", "gemm_time"):
@@ -287,6 +301,8 @@ def run_overrides(spec: RunSpec, p: Protocol, run_dir: Path) -> list[str]:
                    "training.warmup_steps=0"]
         if p.continuation_schedule == "wsd":
             common.append('training.lr_schedule="wsd"')
+        if p.continuation_order:
+            common.append(f"data.shuffle_seed={CONTINUATION_ORDER_STRIDE * p.continuation_order + spec.seed}")
     if spec.formats is not None:
         formats, rho = spec.formats, spec.rho
     else:

@@ -18,6 +18,7 @@ from experiments.comparison.aggregate import Row, aggregate, by_seed, group_orde
 from experiments.comparison.figures import plot_curves
 from experiments.comparison.protocol import (
     BASE_POLICY,
+    CONTINUATION_ORDER_STRIDE,
     FORMAT_POLICIES,
     STATIC_BASELINES,
     TRAIN_DOMAIN,
@@ -252,7 +253,11 @@ def protocol_section(results: Sequence[dict], p: Protocol, all_records: Sequence
             f"{t.warmup_steps} warmup steps, SNIP off: an intermediate checkpoint of a longer schedule, as the SNIP "
             f"paper continues TinyLlama's. Every run below starts from that seed's checkpoint - weights and AdamW "
             f"moments (`training.init_from`, `training.init_optimizer=true`) - and trains {p.steps} more steps with "
-            f"{_continued_lr(p, cfg)} without a new warmup.")]
+            f"{_continued_lr(p, cfg)} without a new warmup."
+            + (f" Continuation order {p.continuation_order}: every continued run reads the training windows in "
+               f"another order than its base seed's (`data.shuffle_seed` = {CONTINUATION_ORDER_STRIDE} x "
+               f"{p.continuation_order} + seed), a replica of the comparison on the same bases."
+               if p.continuation_order else ""))]
            if p.continued else []),
         (f"- Tokens: {p.steps} steps x {t.global_batch_size} sequences x {t.seq_len} tokens = {tokens / 1e6:.2f}M "
          f"training tokens per run{' after the base run' if p.continued else ''} (byte-level tokenizer: "

@@ -79,3 +79,32 @@ def test_wsd_continuation_holds_the_peak_then_decays(tmp_path):
         small_protocol(continuation_schedule="wsd")  # from scratch: not a continuation
     with pytest.raises(ValueError, match="--continuation-schedule"):
         small_protocol(base_steps=3, continuation_schedule="linear")
+
+
+def test_continuation_order_reorders_the_continued_runs_data_only(tmp_path):
+    # Replicas of a comparison on the same bases: another order of the training windows per continued
+    # run (data.shuffle_seed), the base and its held-out text (training.seed) untouched.
+    ref = small_protocol(base_steps=3, steps=10, warmup=1)
+    rep = small_protocol(base_steps=3, steps=10, warmup=1, continuation_order=2)
+    for seed in (1, 7):
+        snip = protocol.RunSpec(seed, "snip", MX, 0.75)
+        for p, order in ((ref, -1), (rep, protocol.CONTINUATION_ORDER_STRIDE * 2 + seed)):
+            cfg = load_config(protocol.config_path(p), protocol.run_overrides(snip, p, tmp_path / "r"))
+            assert (cfg.data.shuffle_seed, cfg.training.seed) == (order, seed)
+            base = load_config(protocol.config_path(p), protocol.run_overrides(protocol.base_run(seed), p, tmp_path / "b"))
+            assert base.data.shuffle_seed == -1
+    # a record made before the option (no data.shuffle_seed field) is the order-0 run
+    snip = protocol.RunSpec(1, "snip", MX, 0.75)
+    recorded = protocol.resolved_config(snip, ref)
+    del recorded["data"]["shuffle_seed"]
+    assert protocol.same_config(recorded, protocol.resolved_config(snip, ref))
+    assert not protocol.same_config(protocol.resolved_config(snip, ref), protocol.resolved_config(snip, rep))
+    assert "Continuation order 2" in "\n".join(report_writer.protocol_section([], rep, []))
+    with pytest.raises(ValueError, match="--continuation-order"):
+        small_protocol(continuation_order=1)  # from scratch: nothing is continued
+    with pytest.raises(ValueError, match="--continuation-order"):
+        small_protocol(base_steps=3, continuation_order=-1)
+    with pytest.raises(ValueError, match="below 1000"):
+        small_protocol(base_steps=3, continuation_order=1, seeds=(1, 1000))
+    with pytest.raises(ValueError, match="set by the driver"):
+        small_protocol(overrides=(*SMALL_SETS, "data.shuffle_seed=3"))

@@ -295,6 +295,12 @@ class DataConfig:
     bos_token: str = ""  # bpe: token put before each document; "" = the tokenizer's own bos (if any), "none" = no BOS
     bpe_vocab_size: int = 4096
     json_key: str = "text"
+    # Seed of the training windows' order (each epoch a permutation rng([shuffle_seed, epoch])), apart
+    # from training.seed, which still seeds the model's init and which documents are held out. -1: the
+    # order follows training.seed (the default, and every recorded run). Like HF's data_seed: runs from
+    # one checkpoint (training.init_from) that differ only here see the same held-out text and other
+    # training batches.
+    shuffle_seed: int = -1
     cache_dir: str = ""  # where tokenized corpora are cached ("" = ~/.cache/megatron_snip)
     # Check every byte of each .bin against its recorded sha256 (PREFIX.bin.sha256, sha256sum format;
     # written by scripts/preprocess_data.py and the cache) at start-up, one pass per file (~1 GB/s).
@@ -315,6 +321,8 @@ class DataConfig:
             raise field_error("data.split", self.split, "give train,valid[,test] weights like '98,2' with train > 0 and valid > 0")
         if self.bpe_vocab_size < 300:
             raise field_error("data.bpe_vocab_size", self.bpe_vocab_size, "must be >= 300 (256 bytes + merges)")
+        if self.shuffle_seed != -1:
+            check_seed("data.shuffle_seed", self.shuffle_seed)
         self.blend()  # raises on a malformed blend
 
     def blend(self) -> tuple[tuple[float, str], ...]:

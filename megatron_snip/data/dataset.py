@@ -319,18 +319,22 @@ def build_datasets(
     seed: int = 1234,
     extra_valid: Mapping[str, IndexedDataset] | None = None,
     label: str = "",
+    shuffle_seed: int | None = None,
 ) -> dict[str, GPTDataset]:
     """Train/valid(/test) datasets by document split, plus whole-corpus validation sets.
 
+    ``seed`` picks the held-out documents and, unless ``shuffle_seed`` is given, the training windows' order.
+
     Returns:
-        "train" (shuffled with ``seed``), "valid" and "test" when their split weight gives
+        "train" (shuffled with ``shuffle_seed``, else ``seed``), "valid" and "test" when their split weight gives
         them documents (in stream order), and one unshuffled dataset per ``extra_valid`` name
         (e.g. {"moby_dick": IndexedDataset(...)}) -- held-out corpora used whole. ``label`` names
         ``indexed`` in errors (its config field and path); ``extra_valid`` ones are data.valid_paths.
     """
     docs = split_documents(indexed.num_documents, split, seed)
     label = label or "corpus"
-    out = {"train": GPTDataset(indexed, seq_len, eod_id, docs["train"], seed=seed, shuffle=True,
+    order = seed if shuffle_seed is None else shuffle_seed
+    out = {"train": GPTDataset(indexed, seq_len, eod_id, docs["train"], seed=order, shuffle=True,
                                label=f"{label} (its train split)")}
     for name in ("valid", "test"):
         if docs[name].size:

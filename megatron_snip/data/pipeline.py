@@ -157,6 +157,7 @@ def build_data(cfg: Config, *, is_writer: bool = True) -> DataBundle:
     tokenizer = load_tokenizer_for(d)
     # The writer checks the token ids; the others wait for its verdict (trainer._build_data).
     blend = d.blend()
+    shuffle_seed = None if d.shuffle_seed == -1 else d.shuffle_seed
     notes: list[str] = []
     sources = [open_indexed(p, tokenizer, d, check_ids=is_writer, field="data.train_path", notes=notes)
                for _, p in blend]
@@ -164,7 +165,7 @@ def build_data(cfg: Config, *, is_writer: bool = True) -> DataBundle:
              for p in d.valid_paths}
     if len(blend) == 1:
         sets = build_datasets(sources[0], t.seq_len, tokenizer.eod_id, split=d.split, seed=t.seed, extra_valid=extra,
-                              label=f"config data.train_path={blend[0][1]!r}")
+                              label=f"config data.train_path={blend[0][1]!r}", shuffle_seed=shuffle_seed)
         valid = {k: v for k, v in sets.items() if k not in ("train", "test")}
         check_eval_batches(cfg, valid)
         return DataBundle(tokenizer, sets["train"], valid, notes)
@@ -172,7 +173,7 @@ def build_data(cfg: Config, *, is_writer: bool = True) -> DataBundle:
     trains, valids = [], {}
     for (_, path), name, source in zip(blend, names, sources, strict=True):
         sets = build_datasets(source, t.seq_len, tokenizer.eod_id, split=d.split, seed=t.seed,
-                              label=f"config data.train_path source {path!r}")
+                              label=f"config data.train_path source {path!r}", shuffle_seed=shuffle_seed)
         if "valid" not in sets:
             raise ValueError(f"config data.train_path: source {path!r} has too few documents for a held-out split "
                              f"(data.split={d.split!r}); give it more documents or drop it from the blend")

@@ -26,6 +26,7 @@ REFUSED: dict[str, str] = {
     "training.seed": "it seeds the data shuffle, so the data position would point at other sequences",
     "data.train_path": "the data position indexes the old corpus",
     "data.split": "the train/valid split of the corpus would change",
+    "data.shuffle_seed": "it orders the training windows, so the data position would point at other sequences",
     "data.tokenizer": "the token ids (and the data position) would change",
     "data.tokenizer_path": "the token ids (and the data position) would change",
     "data.bpe_vocab_size": "the token ids (and the data position) would change",
