@@ -46,8 +46,8 @@ def finals(path: Path) -> dict[tuple[str, int], dict[str, float]]:
     return out
 
 
-def two_way(table: list[list[float]]) -> tuple[float, float, int, int]:
-    """(F of the row effect, residual SD, df rows, df residual) of a rows x columns table, one value per cell."""
+def two_way(table: list[list[float]]) -> tuple[float, float]:
+    """(F of the row effect, residual SD) of a rows x columns table, one value per cell."""
     a, b = len(table), len(table[0])
     grand = sum(map(sum, table)) / (a * b)
     rows = [sum(r) / b for r in table]
@@ -56,7 +56,7 @@ def two_way(table: list[list[float]]) -> tuple[float, float, int, int]:
     ss_res = sum((table[i][j] - rows[i] - cols[j] + grand) ** 2 for i in range(a) for j in range(b))
     df_rows, df_res = a - 1, (a - 1) * (b - 1)
     ms_res = ss_res / df_res
-    return (ss_rows / df_rows) / ms_res, math.sqrt(ms_res), df_rows, df_res
+    return (ss_rows / df_rows) / ms_res, math.sqrt(ms_res)
 
 
 def main() -> None:
@@ -67,7 +67,7 @@ def main() -> None:
     sigmas = {}
     for dom in DOMAINS:
         table = [[records[arm][("snip", s)][dom] - bf16[("bf16", s)][dom] for s in SEEDS] for arm in ARMS]
-        f, sigma, _, _ = two_way(table)
+        f, sigma = two_way(table)
         sigmas[dom] = sigma
         ses = " / ".join(f"{sigma * math.sqrt(2 / n):.4f}" for n in (4, 8, 16))
         print(f"| `{dom}` | {f:.2f} | {sigma:.4f} | {ses} |")

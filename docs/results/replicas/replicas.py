@@ -36,15 +36,26 @@ def finals(path: Path, policy: str) -> dict[int, dict[str, float]]:
     return out
 
 
-def pairs() -> dict[tuple[int, int], dict[str, float]]:
-    """(base seed, order) -> {domain: snip − tail+switch}."""
-    out = {}
-    for k in ORDERS:
-        plan = HERE / ("../preconditioner/results_pc4_plan.jsonl" if k == 0 else f"results_rp4_o{k}_plan.jsonl")
-        snip, rule = finals(plan, "snip"), finals(HERE / f"results_rp4_o{k}_run.jsonl", "tail+switch")
-        for seed in sorted(set(snip) & set(rule)):
-            out[(seed, k)] = {d: snip[seed][d] - rule[seed][d] for d in DOMAINS}
-    return out
+ARMS = {"snip": ("snip", "plan"), "tail+switch": ("tail+switch", "run")}  # arm -> (policy, out-dir kind)
+
+
+def records_path(order: int, kind: str) -> Path:
+    """Where an order's records of one out-dir kind are: order 0's ``snip`` is the preconditioner study's."""
+    if (order, kind) == (0, "plan"):
+        return HERE / "../preconditioner/results_pc4_plan.jsonl"
+    return HERE / f"results_rp4_o{order}_{kind}.jsonl"
+
+
+def load() -> dict[str, dict[tuple[int, int], dict[str, float]]]:
+    """arm -> {(base seed, order): final losses}, every record read once."""
+    return {arm: {(seed, k): final for k in ORDERS for seed, final in finals(records_path(k, kind), policy).items()}
+            for arm, (policy, kind) in ARMS.items()}
+
+
+def pairs(runs: dict[str, dict[tuple[int, int], dict[str, float]]]) -> dict[tuple[int, int], dict[str, float]]:
+    """(base seed, order) -> {domain: snip − tail+switch}, where both arms finished."""
+    snip, rule = runs["snip"], runs["tail+switch"]
+    return {key: {d: snip[key][d] - rule[key][d] for d in DOMAINS} for key in sorted(set(snip) & set(rule))}
 
 
 def decompose(d: dict[tuple[int, int], float]) -> dict[str, float]:
@@ -62,28 +73,34 @@ def decompose(d: dict[tuple[int, int], float]) -> dict[str, float]:
             "se": sd_means / math.sqrt(len(means)), "s_w": s_w, "df_w": df_w, "sd_means": sd_means, "tau": math.sqrt(tau2)}
 
 
-def arm_spread() -> dict[str, dict[str, float]]:
-    """Each arm's own final loss: SD over orders within a base, pooled over bases (the order also moves
-    the loss level of every policy, so this is not the noise floor of a paired difference)."""
-    out = {}
-    for name, policy, kind in (("snip", "snip", "plan"), ("tail+switch", "tail+switch", "run")):
-        by_base: dict[int, list[dict[str, float]]] = {}
-        for k in ORDERS:
-            path = HERE / ("../preconditioner/results_pc4_plan.jsonl" if (k, kind) == (0, "plan")
-                           else f"results_rp4_o{k}_{kind}.jsonl")
-            for seed, final in finals(path, policy).items():
-                by_base.setdefault(seed, []).append(final)
-        out[name] = {}
-        for dom in DOMAINS:
-            groups = [[f[dom] for f in v] for v in by_base.values() if len(v) > 1]
-            df = sum(len(g) - 1 for g in groups)
-            ss = sum((x - statistics.fmean(g)) ** 2 for g in groups for x in g)
-            out[name][dom] = math.sqrt(ss / df) if df else float("nan")
+def _within_base(values: dict[tuple[int, int], float]) -> dict[int, list[float]]:
+    """base -> its values' deviations from the base's mean over orders (bases with one order left out)."""
+    by_base: dict[int, list[float]] = {}
+    for (b, _), v in sorted(values.items()):
+        by_base.setdefault(b, []).append(v)
+    return {b: [x - statistics.fmean(v) for x in v] for b, v in by_base.items() if len(v) > 1}
+
+
+def arm_spread(runs: dict[str, dict[tuple[int, int], dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Per domain: each arm's own final loss, SD over orders within a base (pooled over bases; the order
+    moves every policy's loss level, so this is not the noise floor of a paired difference), and the
+    within-base correlation of the two arms over orders (how much a shared order pairs them)."""
+    both = sorted(set(runs["snip"]) & set(runs["tail+switch"]))
+    out: dict[str, dict[str, float]] = {name: {} for name in (*ARMS, "correlation")}
+    for dom in DOMAINS:
+        dev = {arm: _within_base({key: runs[arm][key][dom] for key in both}) for arm in ARMS}
+        df = sum(len(v) - 1 for v in dev["snip"].values())
+        ss = {arm: sum(x * x for v in dev[arm].values() for x in v) for arm in ARMS}
+        for arm in ARMS:
+            out[arm][dom] = math.sqrt(ss[arm] / df) if df else float("nan")
+        cross = sum(a * b for base in dev["snip"] for a, b in zip(dev["snip"][base], dev["tail+switch"][base]))
+        out["correlation"][dom] = cross / math.sqrt(ss["snip"] * ss["tail+switch"]) if df else float("nan")
     return out
 
 
 def main() -> None:
-    data = pairs()
+    runs = load()
+    data = pairs(runs)
     print("| base | order | " + " | ".join(f"`{d}`" for d in DOMAINS) + " |")
     print("|---|---|" + "---|" * len(DOMAINS))
     for (b, k), v in sorted(data.items()):
@@ -97,12 +114,13 @@ def main() -> None:
         print(f"| `{dom}` | {r['bases']} / {r['pairs']} | {r['mean']:+.4f} ± {r['se']:.4f} | {r['s_w']:.4f} ({r['df_w']}) "
               f"| {r['sd_means']:.4f} | {r['tau']:.4f} | " + " | ".join(f"{s:.4f}" for s in ses) + " |")
 
-    print("\nEach arm's final loss over orders (SD within a base, pooled; the order moves every policy's loss too):\n")
-    print("| arm | " + " | ".join(f"`{d}`" for d in DOMAINS) + " |")
+    print("\nEach arm's final loss over orders (SD within a base, pooled; the order moves every policy's loss too), "
+          "and the two arms' correlation over orders within a base:\n")
+    print("| | " + " | ".join(f"`{d}`" for d in DOMAINS) + " |")
     print("|---|" + "---|" * len(DOMAINS))
-    for name, sd in arm_spread().items():
-        print(f"| {name} | " + " | ".join(f"{sd[d]:.4f}" for d in DOMAINS) + " |")
-
+    for name, per_domain in arm_spread(runs).items():
+        print(f"| {name} | " + " | ".join(f"{per_domain[d]:.4f}" if name in ARMS else f"{per_domain[d]:+.2f}"
+                                          for d in DOMAINS) + " |")
 
 if __name__ == "__main__":
     main()
