@@ -2,7 +2,7 @@
 # The goal test's replication on the development bases (protocol.md, registered before its runs):
 # `snip+switch` (run budget) at 6.46M, rho = 0.9, on the development bases 11-14 of ../preconditioner/
 # (PC: runs/pc4_plan of a worktree of c4943b4) at data orders 0-2, where ../replicas/ holds `snip` and
-# `tail+switch`; then all three arms at order 3. Whole orders, one at a time.
+# `tail+switch`; then all three arms at orders 3 and 4. Whole orders, one at a time.
 # Resumable: a rerun skips the runs an out-dir's results.jsonl holds.
 set -x
 : "${WT:?set WT: a worktree of the commit protocol.md names}" "${PC:?set PC: runs/pc4_plan of a worktree of c4943b4}"
@@ -30,6 +30,8 @@ run_arms() {  # $1 = order, $2 = seeds, $3 = policies: run budget
 for k in 0 1 2; do
   run_arms $k $SEEDS 'snip+switch'
 done
-plan_arm 3 $SEEDS
-run_arms 3 $SEEDS 'tail+switch;snip+switch'
+for k in 3 4; do
+  plan_arm $k $SEEDS
+  run_arms $k $SEEDS 'tail+switch;snip+switch'
+done
 echo ALLDONE
