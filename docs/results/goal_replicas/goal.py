@@ -76,8 +76,8 @@ def against_bf16(runs) -> dict[str, dict[str, tuple[float, float, int]]]:
     return out
 
 
-def main() -> None:
-    runs = load()
+def report(runs) -> None:
+    """Print each contrast's verdict, its per-domain decomposition and its pairs (markdown)."""
     print("Each arm's runs: " + ", ".join(f"`{arm}` {len(v)}" for arm, v in runs.items()) + ".\n")
     for a, b, what in CONTRASTS:
         data = contrast(runs, a, b)
@@ -93,6 +93,11 @@ def main() -> None:
         for (base, k), v in data.items():
             print(f"| {base} | {k} | " + " | ".join(f"{v[d]:+.4f}" for d in DOMAINS) + " |")
         print()
+
+
+def main() -> None:
+    runs = load()
+    report(runs)
     print("## Each arm against the seed's BF16 run, both at order 0 (mean ± SE over seeds)\n")
     print("| arm | seeds | " + " | ".join(f"`{d}`" for d in DOMAINS) + " |")
     print("|---|---|" + "---|" * len(DOMAINS))
