@@ -51,6 +51,12 @@ def contrast(runs, a: str, b: str) -> dict[tuple[int, int], dict[str, float]]:
     return {key: {d: runs[a][key][d] - runs[b][key][d] for d in DOMAINS} for key in both}
 
 
+def base_means(d: dict[tuple[int, int], float]) -> list[float]:
+    """Each base's mean of ``d`` over its orders, in base order (what ``decompose`` averages)."""
+    bases = sorted({b for b, _ in d})
+    return [statistics.fmean(v for (b, _), v in d.items() if b == base) for base in bases]
+
+
 def verdict(summary: dict[str, dict[str, float]], a: str, b: str) -> str:
     """The protocol's reading of A − B: A beats B if the training domain's d < −2 SE and no domain is
     worse by > 2 SE; B is ahead if the training domain's d > +2 SE; a tie otherwise."""
@@ -83,11 +89,15 @@ def report(runs) -> None:
         data = contrast(runs, a, b)
         summary = {dom: decompose({key: v[dom] for key, v in data.items()}) for dom in DOMAINS}
         print(f"## `{a}` − `{b}`: {what}\n\nVerdict: **{verdict(summary, a, b)}**.\n")
-        print("| domain | bases / pairs | d (± SE over bases) | d / SE | s_w: within base (df) | SD of base means | τ: base part |")
-        print("|---|---|---|---|---|---|---|")
+        print("| domain | bases / pairs | d (± SE over bases) | d / SE | s_w: within base (df) | SD of base means | τ: base part "
+              f"| pairs with `{a}` lower | median d | base means |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for dom, r in summary.items():
+            d = {key: v[dom] for key, v in data.items()}
             print(f"| `{dom}` | {r['bases']} / {r['pairs']} | {r['mean']:+.4f} ± {r['se']:.4f} | {r['mean'] / r['se']:+.1f} "
-                  f"| {r['s_w']:.4f} ({r['df_w']}) | {r['sd_means']:.4f} | {r['tau']:.4f} |")
+                  f"| {r['s_w']:.4f} ({r['df_w']}) | {r['sd_means']:.4f} | {r['tau']:.4f} "
+                  f"| {sum(x < 0 for x in d.values())} of {len(d)} | {statistics.median(d.values()):+.4f} "
+                  f"| {', '.join(f'{m:+.4f}' for m in base_means(d))} |")
         print("\n| base | order | " + " | ".join(f"`{d}`" for d in DOMAINS) + " |")
         print("|---|---|" + "---|" * len(DOMAINS))
         for (base, k), v in data.items():
