@@ -1,0 +1,97 @@
+"""The goal test at 1.66M (protocol.md): BF16, uniform ``fp4_block``, shipped ``snip``, NVIDIA's
+``tail+switch`` and ``snip+switch`` at ρ = 0.9 on the reported seeds' 1.66M bases 1-4 × continuation
+data orders 0-3.
+
+    python docs/results/goal_1x/goal_1x.py > docs/results/goal_1x/table.md
+
+Reads the committed records ``results_g1_o<k>_plan.jsonl`` (BF16, uniform, ``snip``) and
+``results_g1_o<k>_run.jsonl`` (``tail+switch``, ``snip+switch``); an order is used only where all five
+arms finished on all four bases (the protocol's whole orders). The contrasts and their reading are
+``../goal_replicas/goal.py``'s (imported: one place), and so is the decomposition of ``../replicas/``
+(mean over the 4 bases of each base's mean over its orders, SE over the bases with 3 df). Recovered
+share per base: 1 − mean over orders of (arm − BF16) / mean over orders of (uniform − BF16), per domain;
+mean ± SE over the bases.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "replicas"))
+sys.path.insert(0, str(HERE.parent / "goal_replicas"))
+from goal import CONTRASTS, base_means, contrast, verdict  # the goal test's contrasts and rules
+from replicas import DOMAINS, decompose, finals
+
+ORDERS = range(4)
+BASES = (1, 2, 3, 4)
+ARMS = {"bf16": "plan", "uniform:fp4_block": "plan", "snip": "plan", "tail+switch": "run", "snip+switch": "run"}
+GOAL_SHARE = 0.8  # issue #33: recover ≥ 80% of uniform FP4's gap to BF16
+
+
+def load() -> dict[str, dict[tuple[int, int], dict[str, float]]]:
+    """arm -> {(base seed, order): final losses}, whole orders only."""
+    runs = {arm: {(seed, k): final for k in ORDERS
+                  for seed, final in finals(HERE / f"results_g1_o{k}_{kind}.jsonl", arm).items()}
+            for arm, kind in ARMS.items()}
+    whole = [k for k in ORDERS if all((b, k) in runs[arm] for arm in ARMS for b in BASES)]
+    return {arm: {key: v for key, v in per.items() if key[1] in whole} for arm, per in runs.items()}
+
+
+def recovered(runs, arm: str, dom: str) -> list[float]:
+    """Each base's share of uniform's gap to BF16 that ``arm`` recovers on ``dom`` (means over its orders)."""
+    gap = {name: {key: runs[name][key][dom] - runs["bf16"][key][dom] for key in runs["bf16"]}
+           for name in (arm, "uniform:fp4_block")}
+    return [1 - a / u for a, u in zip(base_means(gap[arm]), base_means(gap["uniform:fp4_block"]))]
+
+
+def mean_se(xs: list[float]) -> str:
+    """Mean ± SE over bases, as the results pages print recovered shares."""
+    return f"{statistics.fmean(xs):.2f} ± {statistics.stdev(xs) / len(xs) ** 0.5:.2f}"
+
+
+def main() -> None:
+    runs = load()
+    orders = sorted({k for _, k in runs["bf16"]})
+    print(f"Whole orders: {orders if orders else 'none'} (of {list(ORDERS)}); runs per arm: "
+          + ", ".join(f"`{arm}` {len(v)}" for arm, v in runs.items()) + ".\n")
+    if len(orders) < 2:
+        print("Fewer than two whole orders: no claim (protocol.md).")
+        return
+    for a, b, what in CONTRASTS:
+        data = contrast(runs, a, b)
+        summary = {dom: decompose({key: v[dom] for key, v in data.items()}) for dom in DOMAINS}
+        print(f"## `{a}` − `{b}`: {what}\n\nVerdict: **{verdict(summary, a, b)}**.\n")
+        print(f"| domain | bases / pairs | d (± SE over bases) | d / SE | s_w (df) | τ | pairs with `{a}` lower | median d |")
+        print("|---|---|---|---|---|---|---|---|")
+        for dom, r in summary.items():
+            d = [v[dom] for v in data.values()]
+            print(f"| `{dom}` | {r['bases']} / {r['pairs']} | {r['mean']:+.4f} ± {r['se']:.4f} | {r['mean'] / r['se']:+.1f} "
+                  f"| {r['s_w']:.4f} ({r['df_w']}) | {r['tau']:.4f} | {sum(x < 0 for x in d)} of {len(d)} "
+                  f"| {statistics.median(d):+.4f} |")
+        print()
+    print("## Each arm against BF16 of the same base and order (mean ± SE over the 4 bases' means)\n")
+    print("| arm | " + " | ".join(f"`{d}`" for d in DOMAINS) + " |")
+    print("|---|" + "---|" * len(DOMAINS))
+    for arm in ARMS:
+        if arm == "bf16":
+            continue
+        cells = []
+        for dom in DOMAINS:
+            r = decompose({key: runs[arm][key][dom] - runs["bf16"][key][dom] for key in runs["bf16"]})
+            cells.append(f"{r['mean']:+.4f} ± {r['se']:.4f}")
+        print(f"| `{arm}` | " + " | ".join(cells) + " |")
+    print(f"\n## Share of uniform `fp4_block`'s gap to BF16 recovered (goal: ≥ {GOAL_SHARE})\n")
+    print("| arm | " + " | ".join(f"`{d}`" for d in DOMAINS) + " | training domain's distance to the goal |")
+    print("|---|" + "---|" * len(DOMAINS) + "---|")
+    for arm in ("snip", "tail+switch", "snip+switch"):
+        shares = {dom: recovered(runs, arm, dom) for dom in DOMAINS}
+        short = GOAL_SHARE - statistics.fmean(shares["val_loss"])
+        print(f"| `{arm}` | " + " | ".join(mean_se(s) for s in shares.values())
+              + f" | {'met' if short <= 0 else f'{short:.2f} short'} |")
+
+
+if __name__ == "__main__":
+    main()
