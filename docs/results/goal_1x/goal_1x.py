@@ -22,7 +22,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "replicas"))
 sys.path.insert(0, str(HERE.parent / "goal_replicas"))
-from goal import CONTRASTS, base_means, contrast, verdict  # the goal test's contrasts and rules
+from goal import base_means, report  # the goal test's contrasts, rules and tables
 from replicas import DOMAINS, decompose, finals
 
 ORDERS = range(4)
@@ -55,23 +55,11 @@ def mean_se(xs: list[float]) -> str:
 def main() -> None:
     runs = load()
     orders = sorted({k for _, k in runs["bf16"]})
-    print(f"Whole orders: {orders if orders else 'none'} (of {list(ORDERS)}); runs per arm: "
-          + ", ".join(f"`{arm}` {len(v)}" for arm, v in runs.items()) + ".\n")
+    print(f"Whole orders: {orders if orders else 'none'} (of {list(ORDERS)}).\n")
     if len(orders) < 2:
         print("Fewer than two whole orders: no claim (protocol.md).")
         return
-    for a, b, what in CONTRASTS:
-        data = contrast(runs, a, b)
-        summary = {dom: decompose({key: v[dom] for key, v in data.items()}) for dom in DOMAINS}
-        print(f"## `{a}` − `{b}`: {what}\n\nVerdict: **{verdict(summary, a, b)}**.\n")
-        print(f"| domain | bases / pairs | d (± SE over bases) | d / SE | s_w (df) | τ | pairs with `{a}` lower | median d |")
-        print("|---|---|---|---|---|---|---|---|")
-        for dom, r in summary.items():
-            d = [v[dom] for v in data.values()]
-            print(f"| `{dom}` | {r['bases']} / {r['pairs']} | {r['mean']:+.4f} ± {r['se']:.4f} | {r['mean'] / r['se']:+.1f} "
-                  f"| {r['s_w']:.4f} ({r['df_w']}) | {r['tau']:.4f} | {sum(x < 0 for x in d)} of {len(d)} "
-                  f"| {statistics.median(d):+.4f} |")
-        print()
+    report(runs)
     print("## Each arm against BF16 of the same base and order (mean ± SE over the 4 bases' means)\n")
     print("| arm | " + " | ".join(f"`{d}`" for d in DOMAINS) + " |")
     print("|---|" + "---|" * len(DOMAINS))
