@@ -22,7 +22,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "replicas"))
 sys.path.insert(0, str(HERE.parent / "goal_replicas"))
-from goal import base_means, report  # the goal test's contrasts, rules and tables
+from goal import base_means, contrast, report  # the goal test's contrasts, rules and tables
 from replicas import DOMAINS, decompose, finals
 
 ORDERS = range(4)
@@ -42,8 +42,7 @@ def load() -> dict[str, dict[tuple[int, int], dict[str, float]]]:
 
 def recovered(runs, arm: str, dom: str) -> list[float]:
     """Each base's share of uniform's gap to BF16 that ``arm`` recovers on ``dom`` (means over its orders)."""
-    gap = {name: {key: runs[name][key][dom] - runs["bf16"][key][dom] for key in runs["bf16"]}
-           for name in (arm, "uniform:fp4_block")}
+    gap = {name: {key: v[dom] for key, v in contrast(runs, name, "bf16").items()} for name in (arm, "uniform:fp4_block")}
     return [1 - a / u for a, u in zip(base_means(gap[arm]), base_means(gap["uniform:fp4_block"]))]
 
 
@@ -66,10 +65,9 @@ def main() -> None:
     for arm in ARMS:
         if arm == "bf16":
             continue
-        cells = []
-        for dom in DOMAINS:
-            r = decompose({key: runs[arm][key][dom] - runs["bf16"][key][dom] for key in runs["bf16"]})
-            cells.append(f"{r['mean']:+.4f} ± {r['se']:.4f}")
+        vs_bf16 = contrast(runs, arm, "bf16")
+        summaries = (decompose({key: v[dom] for key, v in vs_bf16.items()}) for dom in DOMAINS)
+        cells = [f"{r['mean']:+.4f} ± {r['se']:.4f}" for r in summaries]
         print(f"| `{arm}` | " + " | ".join(cells) + " |")
     print(f"\n## Share of uniform `fp4_block`'s gap to BF16 recovered (goal: ≥ {GOAL_SHARE})\n")
     print("| arm | " + " | ".join(f"`{d}`" for d in DOMAINS) + " | training domain's distance to the goal |")
