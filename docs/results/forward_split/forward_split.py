@@ -45,15 +45,15 @@ def records() -> dict[str, dict[int, dict]]:
     return out
 
 
-def evaluated(name: str, plan: str) -> dict[str, float]:
-    """{domain: loss} of one re-evaluation of run ``name``'s final checkpoint."""
-    doms = json.loads((HERE / "evals" / f"{name}_{plan}.json").read_text())["domains"]
+def evaluated(name: str, plan: str, where: Path = HERE / "evals") -> dict[str, float]:
+    """{domain: loss} of one re-evaluation of run ``name``'s final checkpoint (``where/<name>_<plan>.json``)."""
+    doms = json.loads((where / f"{name}_{plan}.json").read_text())["domains"]
     return {EVAL_KEY[k]: v["loss"] for k, v in doms.items()}
 
 
-def fprop_in_fp4(name: str) -> tuple[int, int]:
+def fprop_in_fp4(name: str, where: Path = HERE / "evals") -> tuple[int, int]:
     """(fprop GEMMs in FP4, fprop GEMMs) in the plan in force at the end of run ``name``."""
-    entries = json.loads((HERE / "evals" / f"{name}_plan.json").read_text())["entries"]
+    entries = json.loads((where / f"{name}_plan.json").read_text())["entries"]
     fprops = [f for gemm, f in entries.items() if gemm.endswith(".fprop")]
     return sum(f.startswith("fp4") or f == "nvfp4" for f in fprops), len(fprops)
 
