@@ -7,7 +7,7 @@
 # holds; an evaluation is skipped when its JSON exists.
 set -x
 : "${WT:?set WT: a worktree of the commit protocol_rep.md names}"
-: "${G1:?set G1: the out-dir holding ../goal_1x/'s bases 1-4 (runs/g1_o0_plan of its worktree)}"
+: "${G1:?set G1: the out-dir holding the goal_1x bases 1-4, runs/g1_o0_plan of its worktree}"
 cd $WT
 export PYTHONPATH=$PWD OMP_NUM_THREADS=1
 ALL="--base-steps 1000 --steps 300 --warmup 20 --interval 100 --format-sets fp8_block,fp4_block@0.9 --rho 0.9 --continuation-schedule wsd --no-sweep --set snip.fair_share=true --set snip.granularity=gemm --eval-windows spread --eval-batches 128 --eval-interval 150 --jobs 2 --threads 1 --timeout 7200 --keep-checkpoints"
