@@ -35,8 +35,11 @@ interval from that step gets - the budget's decision is printed and written to `
 Costs remembered across re-plans (``snip.cost_ema > 0``, ``snip/cost_memory.py``): with ``--run-dir`` the
 snapshot's costs are averaged with the memory replayed from the run's earlier snapshots
 (``RUN/plans/step_*_stats.json`` before the step: one per applied plan, each at its step's lambda), so
-the plan is the one the run made. With ``--run-dir`` lambda is the run's (``snip.weight_divergence_weight``,
-LR-scaled where the run scaled it) unless ``--weight-divergence-weight`` is given.
+the plan is the one the run made. Kept forward formats (``snip.forward_stickiness > 0``): with
+``--run-dir`` each forward GEMM's cost in the format the run's plan in force before the step gives it
+is discounted, as the controller did (the printed objective and the Pareto curve keep the measured
+costs). With ``--run-dir`` lambda is the run's (``snip.weight_divergence_weight``, LR-scaled where the
+run scaled it) unless ``--weight-divergence-weight`` is given.
 """
 
 from __future__ import annotations
@@ -88,7 +91,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--pp", type=int, default=1, help="pipeline stages for the per-stage constraints")
     ap.add_argument("--run-dir", default=None,
                     help="a run with snip.budget=\"run\" (plan the interval from --step with its budget and plan "
-                         "history) or snip.cost_ema > 0 (average with the costs its earlier snapshots leave)")
+                         "history), snip.cost_ema > 0 (average with the costs its earlier snapshots leave) or "
+                         "snip.forward_stickiness > 0 (discount the forward formats of the plan in force before --step)")
     ap.add_argument("--step", type=int, default=None, help="with --run-dir: the re-plan step (default: the snapshot's)")
     ap.add_argument("--out", required=True)
     return ap.parse_args(argv)
@@ -135,16 +139,21 @@ def solve(args: argparse.Namespace, path: Path, snapshot: Mapping[str, Any]) -> 
     costs = policy_costs(args.policy, measured_only(snapshot, ctx.candidates), lam)
     out = Path(args.out)
     decision = None
+    solved = costs  # what the ILP solves; the printed objective and the Pareto curve price the measured costs
     if run_cfg is not None:
-        if run_cfg.snip.budget != "run" and run_cfg.snip.cost_ema == 0:
-            raise ValueError(f"--run-dir {args.run_dir!r} ran with snip.budget=\"plan\" and snip.cost_ema=0: nothing "
-                             f"of the run changes this plan; drop --run-dir")
-        if run_cfg.snip.cost_ema > 0:
+        snip = run_cfg.snip
+        if snip.budget != "run" and snip.cost_ema == 0 and snip.forward_stickiness == 0:
+            raise ValueError(f"--run-dir {args.run_dir!r} ran with snip.budget=\"plan\", snip.cost_ema=0 and "
+                             f"snip.forward_stickiness=0: nothing of the run changes this plan; drop --run-dir")
+        if snip.cost_ema > 0:
             memory = replayed_memory(Path(args.run_dir), run_cfg, args.policy, ctx.candidates, step)
-            costs = cost_memory.smoothed(costs, memory, run_cfg.snip.cost_ema)
-        if run_cfg.snip.budget == "run":
-            decision, ctx = run_budget_share(args, run_cfg, ctx, costs, step)
-    plan = make_plan(args.policy, ctx, costs)
+            costs = solved = cost_memory.smoothed(costs, memory, snip.cost_ema)
+        if snip.forward_stickiness > 0:
+            in_force = plans_before(Path(args.run_dir), step)[-1]
+            solved = cost_memory.kept_forward(costs, in_force.as_dict(), snip.forward_stickiness)
+        if snip.budget == "run":
+            decision, ctx = run_budget_share(args, run_cfg, ctx, solved, step)
+    plan = make_plan(args.policy, ctx, solved)
     out.mkdir(parents=True, exist_ok=True)
     if decision is not None:
         plan = plan.with_extra(decision.extra())
@@ -231,17 +240,24 @@ def replayed_memory(run: Path, cfg: Config, policy: str, candidates: tuple[str, 
     return memory
 
 
-def run_budget_share(args: argparse.Namespace, cfg: Config, ctx: PlanContext, costs: Mapping[Any, Mapping[str, float]],
-                     step: int) -> tuple[run_budget.BudgetDecision, PlanContext]:
-    """``--run-dir`` of a run with ``snip.budget = "run"`` (config ``cfg``): its budget decision at ``step``
-    and the context at its share (ValueError without plans before the step)."""
-    run = Path(args.run_dir)
+def plans_before(run: Path, step: int) -> list[PrecisionPlan]:
+    """The plans ``run/plans/step_*.json`` made before ``step``, in step order (the last is the plan in force
+    when the run re-planned at ``step``); ValueError when there is none."""
     plans = sorted((PrecisionPlan.load(p) for p in (run / "plans").glob("step_*.json") if not p.stem.endswith("_stats")),
                    key=lambda p: p.step)
     history = [p for p in plans if p.step < step]
     if not history:
         raise ValueError(f"--run-dir {str(run)!r} has no plan before step {step} in plans/; --step must follow the "
                          f"initial plan (step_000000.json)")
+    return history
+
+
+def run_budget_share(args: argparse.Namespace, cfg: Config, ctx: PlanContext, costs: Mapping[Any, Mapping[str, float]],
+                     step: int) -> tuple[run_budget.BudgetDecision, PlanContext]:
+    """``--run-dir`` of a run with ``snip.budget = "run"`` (config ``cfg``): its budget decision at ``step``
+    and the context at its share (ValueError without plans before the step)."""
+    run = Path(args.run_dir)
+    history = plans_before(run, step)
     rb = run_budget.RunBudget.for_run(cfg)
     if not rb.horizon[0] <= step < rb.horizon[1]:
         raise ValueError(f"--step {step} is outside the budget's horizon [{rb.horizon[0]}, {rb.horizon[1]}) "

@@ -74,6 +74,12 @@ class SnipConfig:
     # own; snip/cost_memory.py, docs/snip.md "Costs across re-plans"). 0, the default and every recorded
     # result: each plan follows its own probe batches only. In [0, 1).
     cost_ema: float = 0.0
+    # Each forward GEMM's cost in the format it runs in under the plan in force is multiplied by
+    # 1 - forward_stickiness when the next plan is solved: the weights adapt to the quantization error of
+    # the forward GEMMs they train with, which the statistics cannot see (snip/cost_memory.py kept_forward,
+    # docs/snip.md "Kept forward formats"). 0, the default and every recorded result: SNIP as measured;
+    # 1: staying is free. In [0, 1].
+    forward_stickiness: float = 0.0
     propagation_sequences: int = 1  # sequences of the first probe batch for the exact dgrad-propagation pass
     # Policy "truth" only (the oracle of snip/truth.py): training micro-batches its measured divergences
     # are averaged over, from the re-plan step's data on. Each costs 3 passes per linear and format.
@@ -135,6 +141,9 @@ class SnipConfig:
         if not 0.0 <= self.cost_ema < 1.0:
             raise field_error("snip.cost_ema", self.cost_ema,
                               "must be in [0, 1): the previous re-plans' weight in a plan's costs (0 = off, e.g. 0.5)")
+        if not 0.0 <= self.forward_stickiness <= 1.0:
+            raise field_error("snip.forward_stickiness", self.forward_stickiness,
+                              "must be in [0, 1]: the discount on a forward GEMM keeping its format (0 = off, 1 = free)")
         if self.warmup < 0:
             raise field_error("snip.warmup", self.warmup, "must be >= 0")
         if self.probe_micro_batch_size < 0:

@@ -17,7 +17,9 @@ checkpointed by the host, so a resumed run continues with the same plan and the 
 Under ``snip.budget = "run"`` each re-plan first chooses its interval's FP4 share from the plan
 history and the policy's cost curve (``snip/budget.py``), and the schedule
 gains a re-plan at the WSD decay onset. Under ``snip.cost_ema > 0`` a plan is solved from the moving
-average of the costs of the re-plans so far (``snip/cost_memory.py``), checkpointed with the counter.
+average of the costs of the re-plans so far (``snip/cost_memory.py``), checkpointed with the counter;
+under ``snip.forward_stickiness > 0`` the forward GEMMs' costs of the formats the plan in force gives
+them are discounted (``cost_memory.kept_forward``).
 """
 
 from __future__ import annotations
@@ -229,17 +231,23 @@ class SnipController:
             if bad:  # a NaN/inf cost would make the ILP invalid; the old plan stays
                 return {"error": f"non-finite SNIP statistics for {len(bad)} GEMM(s), e.g. {bad[:3]}"}, None
             costs = cost_memory.smoothed(costs, self.cost_memory, self.cfg.snip.cost_ema)
+        stickiness = self.cfg.snip.forward_stickiness
+        # what the ILP solves: the costs with the kept forward formats' discount (the memory and the
+        # predicted divergence keep the measured ones)
+        solved = costs
+        if costs is not None and stickiness > 0:
+            solved = cost_memory.kept_forward(costs, previous.as_dict(), stickiness)
         out_timings = {"metrics_s": time.perf_counter() - t1}
         t1 = time.perf_counter()
         ctx = self.context.at_step(step)
         spend = None
         try:
             if self.budget is not None:
-                curve = cost_curve(self.policy, ctx, costs, self.budget.grid)
+                curve = cost_curve(self.policy, ctx, solved, self.budget.grid)
                 out_timings["budget_curve_s"] = time.perf_counter() - t1
                 spend = self.budget.decide(step, history, self.context.linear_numel, curve)
                 ctx = ctx.with_share(float(spend.share))
-            plan = make_plan(self.policy, ctx, costs, previous=previous if previous.policy == self.policy else None)
+            plan = make_plan(self.policy, ctx, solved, previous=previous if previous.policy == self.policy else None)
         except (SolveTimeoutError, ilp.InfeasibleError) as e:
             return {"error": f"solve failed ({e})"}, costs
         if spend is not None and plan.solver_status != "TIMEOUT":  # a kept plan keeps its own record
@@ -248,6 +256,8 @@ class SnipController:
             plan = plan.with_extra({"weight_divergence_weight": weight_divergence_weight_at(self.cfg, step)})
         if self.cfg.snip.cost_ema > 0 and costs is not None and plan.solver_status != "TIMEOUT":
             plan = plan.with_extra({"cost_ema": self.cfg.snip.cost_ema})
+        if stickiness > 0 and costs is not None and plan.solver_status != "TIMEOUT":
+            plan = plan.with_extra({"forward_stickiness": stickiness})
         out_timings["solve_s"] = time.perf_counter() - t1
         predicted = predicted_divergence(costs, plan.as_dict()) if costs is not None else None
         return {"plan": plan.to_json_dict(), "predicted": predicted, "timings": out_timings}, costs

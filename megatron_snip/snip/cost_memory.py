@@ -1,4 +1,5 @@
-"""Costs remembered across re-plans (``snip.cost_ema``): an exponential moving average.
+"""Costs across re-plans: remembered (``snip.cost_ema``, an exponential moving average) and the
+forward GEMMs' formats kept (``snip.forward_stickiness``, ``kept_forward`` below).
 
 One re-plan's costs follow its few probe batches, and plans made from slightly different statistics
 share few of their protected GEMMs (docs/results/preconditioner/results.md), so part of what moves
@@ -18,16 +19,47 @@ The memory holds the costs of the plans applied so far (a failed or timed-out so
 it was, as it leaves the plan). It lives on global rank 0, which solves, and is checkpointed with
 the controller's state as JSON-like ``{"<layer>.<linear>.<gemm>": {format: cost}}``, which
 ``from_state`` reads back to the same floats (a resumed run plans the same).
+
+The kept forward formats need no state of their own: the plan in force is the one the trainer
+checkpoints and restores, so a resumed run discounts the same costs.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from megatron_snip.precision.plan import GemmId
 
 Costs = Mapping[GemmId, Mapping[str, float]]
+
+
+def kept_forward(costs: Costs, in_force: Mapping[GemmId, str], stickiness: float) -> dict[GemmId, dict[str, float]]:
+    """The costs a plan is solved from under ``snip.forward_stickiness = k``: each fprop GEMM's cost in
+    the format it runs in under the plan in force (``in_force``: GemmId -> format) times ``1 − k``; every
+    other cost as it is, and an infinite one stays so (a format not allowed stays not allowed). A copy:
+    ``costs`` itself is never changed.
+
+    Why: the weights adapt to the quantization error of the forward GEMMs they train with. Re-evaluated
+    in another arm's last plan, each arm's final weights pay more for that plan's FP4 forward GEMMs than
+    the weights that trained in it (1.66M, development bases: NVIDIA's recipe's last plan costs its own
+    weights 0.0062 ± 0.0010 less than it costs SNIP's; docs/results/forward_split/results.md, "Each last plan on the
+    other arms' weights"). The statistics are measured on the current weights against BF16, so they
+    price a forward GEMM's error the same whether the weights adapted to it or not; a discount on
+    staying is the adaptation a change of format would give up. ``k = 0`` is SNIP as measured (the
+    default), ``k = 1`` makes staying free, so a forward GEMM changes format only where the backward
+    GEMMs or the FP4 floor pay for it. Backward GEMMs are left alone: their errors move the updates,
+    not the function the weights adapt to. A format the plan in force uses that is not priced (BF16
+    in force before the first plan, when BF16 is no candidate) gets no discount."""
+    if not 0.0 <= stickiness <= 1.0:
+        raise ValueError(f"forward_stickiness={stickiness} must be in [0, 1]")
+    out = {g: dict(per_f) for g, per_f in costs.items()}
+    for g, per_f in out.items():
+        f = in_force.get(g)
+        if g.gemm == "fprop" and f in per_f and math.isfinite(per_f[f]) and stickiness > 0:
+            per_f[f] *= 1.0 - stickiness
+    return out
 
 
 def same_units(a: Costs, b: Costs) -> bool:

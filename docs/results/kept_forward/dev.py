@@ -1,0 +1,61 @@
+"""protocol.md: shipped ``snip`` with ``snip.forward_stickiness`` = 1 (``kept1``) and 0.5 (``kept05``) on the
+development bases 11-14 (order 0), split as ``../forward_split/forward_split.py`` splits, against that
+study's shipped ``snip`` and ``tail+switch`` on the same bases; first the check that this commit's shipped
+``snip`` reproduces forward_split's records.
+
+    python docs/results/kept_forward/dev.py > docs/results/kept_forward/table_dev.md
+
+Reads ``results_kfc_plan.jsonl`` (the check), ``results_kf1_plan.jsonl`` and ``results_kf05_plan.jsonl`` with
+``evals_kf1/`` and ``evals_kf05/`` (``o0_<run>_{checkpoint,bf16,plan}.json``), and forward_split's records and
+``evals/`` for the references.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+FS = HERE.parent / "forward_split"
+sys.path.insert(0, str(FS))
+from forward_split import BASES, counts, own_plan_check, records, report, split, whole  # one split
+
+REFERENCES = {p: p for p in ("bf16", "snip", "tail+switch")}
+KEPT = {"kept1": "kf1", "kept05": "kf05"}  # arm -> out-dir tag
+
+
+def check() -> None:
+    """Every recorded final loss, final plan and FP4 share of this commit's shipped ``snip`` on bases 11-12
+    against forward_split's."""
+    ref = records([(FS / "results_fs_plan.jsonl", 0)], {"snip": "snip"})["snip"]
+    now = records([(HERE / "results_kfc_plan.jsonl", 0)], {"snip": "snip"})["snip"]
+    fields = ("final", "final_plan", "fp4_share", "fp4_share_mean")
+    same = all(now[key][f] == ref[key][f] for key in now for f in fields)
+    losses = sum(len(now[key]["final"]) for key in now)
+    print(f"Check: this commit's shipped `snip` on bases {', '.join(str(b) for b, _ in sorted(now))} against "
+          f"forward_split's ({losses} final losses, final plans, FP4 shares): "
+          f"{'identical' if same and now else 'DIFFERENT'}.\n")
+
+
+def main() -> None:
+    check()
+    recs = records([(FS / "results_fs_plan.jsonl", 0), (FS / "results_fs_run.jsonl", 0)], REFERENCES)
+    for arm, tag in KEPT.items():
+        recs |= records([(HERE / f"results_{tag}_plan.jsonl", 0)], {"snip": arm})
+    keys = whole(recs, [(b, 0) for b in BASES])
+
+    def where(arm: str) -> Path:
+        return HERE / f"evals_{KEPT[arm]}" if arm in KEPT else FS / "evals"
+
+    for arm in KEPT:
+        n, worst = own_plan_check({arm: recs[arm]}, keys, where(arm))
+        print(f"Check: `{arm}`'s re-evaluations in its own plan against its recorded final losses, largest "
+              f"|difference| over {n} losses: {worst:.2e}.\n")
+    print(f"Bases with every arm finished: {', '.join(str(b) for b, _ in keys)} (order 0).\n")
+    parts = split(recs, keys, where)
+    contrasts = [(arm, ref) for arm in KEPT for ref in ("snip", "tail+switch")]
+    report(parts, keys, contrasts, counts({a: recs[a] for a in parts}, keys, where))
+
+
+if __name__ == "__main__":
+    main()
