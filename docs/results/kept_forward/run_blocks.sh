@@ -3,7 +3,7 @@
 # their last plan cut to each block's forward GEMMs, and tail+switch's (forward_split's, $FSR = its
 # runs/fs_run) in blocks 0-3's cuts of its own; each result in eval_block_<b>.json of the run.
 set -x
-: "${WT:?set WT: this study's worktree, holding runs/kf1_plan}"
+: "${WT:?set WT: the worktree of this study, holding runs/kf1_plan}"
 : "${FSR:?set FSR: the forward_split out-dir holding the tail+switch runs, runs/fs_run of its worktree}"
 HERE=$(cd "$(dirname "$0")" && pwd)  # this folder of the registering commit (block_plans.py)
 cd $WT
