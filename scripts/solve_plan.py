@@ -37,8 +37,9 @@ snapshot's costs are averaged with the memory replayed from the run's earlier sn
 (``RUN/plans/step_*_stats.json`` before the step: one per applied plan, each at its step's lambda), so
 the plan is the one the run made. Kept forward formats (``snip.forward_stickiness > 0``): with
 ``--run-dir`` each forward GEMM's cost in the format the run's plan in force before the step gives it
-is discounted, as the controller did (the printed objective and the Pareto curve keep the measured
-costs). With ``--run-dir`` lambda is the run's (``snip.weight_divergence_weight``, LR-scaled where the
+is discounted, as the controller did, and with ``snip.forward_depth_prior > 0`` the forward GEMMs'
+costs are weighted by depth (``snip/priors.py``); the printed objective and the Pareto curve keep the
+measured costs. With ``--run-dir`` lambda is the run's (``snip.weight_divergence_weight``, LR-scaled where the
 run scaled it) unless ``--weight-divergence-weight`` is given.
 """
 
@@ -57,7 +58,7 @@ from megatron_snip.config import SNIP_TARGETS, Config, SnipConfig, load_config, 
 from megatron_snip.precision.capability import BACKENDS, GPUS
 from megatron_snip.precision.plan import GRANULARITIES, LINEARS, GemmId, PrecisionPlan
 from megatron_snip.snip import budget as run_budget
-from megatron_snip.snip import cost_memory, ilp
+from megatron_snip.snip import cost_memory, ilp, priors
 from megatron_snip.snip.metrics import predicted_divergence
 from megatron_snip.snip.policies import PlanContext, cost_curve, make_plan, policy_costs
 from megatron_snip.telemetry.plots import plot_pareto, plot_precision_map
@@ -92,7 +93,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--run-dir", default=None,
                     help="a run with snip.budget=\"run\" (plan the interval from --step with its budget and plan "
                          "history), snip.cost_ema > 0 (average with the costs its earlier snapshots leave) or "
-                         "snip.forward_stickiness > 0 (discount the forward formats of the plan in force before --step)")
+                         "snip.forward_stickiness > 0 (discount the forward formats of the plan in force before --step) "
+                         "or snip.forward_depth_prior > 0 (weigh the forward GEMMs' costs by depth)")
     ap.add_argument("--step", type=int, default=None, help="with --run-dir: the re-plan step (default: the snapshot's)")
     ap.add_argument("--out", required=True)
     return ap.parse_args(argv)
@@ -142,15 +144,18 @@ def solve(args: argparse.Namespace, path: Path, snapshot: Mapping[str, Any]) -> 
     solved = costs  # what the ILP solves; the printed objective and the Pareto curve price the measured costs
     if run_cfg is not None:
         snip = run_cfg.snip
-        if snip.budget != "run" and snip.cost_ema == 0 and snip.forward_stickiness == 0:
-            raise ValueError(f"--run-dir {args.run_dir!r} ran with snip.budget=\"plan\", snip.cost_ema=0 and "
-                             f"snip.forward_stickiness=0: nothing of the run changes this plan; drop --run-dir")
+        if snip.budget != "run" and snip.cost_ema == 0 and snip.forward_stickiness == 0 and snip.forward_depth_prior == 0:
+            raise ValueError(f"--run-dir {args.run_dir!r} ran with snip.budget=\"plan\", snip.cost_ema=0, "
+                             f"snip.forward_stickiness=0 and snip.forward_depth_prior=0: nothing of the run changes "
+                             f"this plan; drop --run-dir")
         if snip.cost_ema > 0:
             memory = replayed_memory(Path(args.run_dir), run_cfg, args.policy, ctx.candidates, step)
             costs = solved = cost_memory.smoothed(costs, memory, snip.cost_ema)
         if snip.forward_stickiness > 0:
             in_force = plans_before(Path(args.run_dir), step)[-1]
             solved = cost_memory.kept_forward(costs, in_force.as_dict(), snip.forward_stickiness)
+        if snip.forward_depth_prior > 0:
+            solved = priors.depth_weighted(solved, run_cfg.model.num_layers, snip.forward_depth_prior)
         if snip.budget == "run":
             decision, ctx = run_budget_share(args, run_cfg, ctx, solved, step)
     plan = make_plan(args.policy, ctx, solved)

@@ -80,6 +80,11 @@ class SnipConfig:
     # docs/snip.md "Kept forward formats"). 0, the default and every recorded result: SNIP as measured;
     # 1: staying is free. In [0, 1].
     forward_stickiness: float = 0.0
+    # Each forward GEMM's costs of block l are multiplied by ((l + 1/2) / L) ** p, normalized to mean 1
+    # over the blocks, before a plan is solved: an FP4 forward GEMM costs less at evaluation the earlier
+    # it sits, which the statistics cannot see (snip/priors.py, docs/snip.md "Depth prior on the forward
+    # GEMMs"). 0, the default and every recorded result: no prior. p >= 0.
+    forward_depth_prior: float = 0.0
     propagation_sequences: int = 1  # sequences of the first probe batch for the exact dgrad-propagation pass
     # Policy "truth" only (the oracle of snip/truth.py): training micro-batches its measured divergences
     # are averaged over, from the re-plan step's data on. Each costs 3 passes per linear and format.
@@ -144,6 +149,9 @@ class SnipConfig:
         if not 0.0 <= self.forward_stickiness <= 1.0:
             raise field_error("snip.forward_stickiness", self.forward_stickiness,
                               "must be in [0, 1]: the discount on a forward GEMM keeping its format (0 = off, 1 = free)")
+        if not self.forward_depth_prior >= 0:
+            raise field_error("snip.forward_depth_prior", self.forward_depth_prior,
+                              "must be >= 0: the power of the depth ramp on forward GEMM costs (0 = off, e.g. 1)")
         if self.warmup < 0:
             raise field_error("snip.warmup", self.warmup, "must be >= 0")
         if self.probe_micro_batch_size < 0:

@@ -19,7 +19,8 @@ history and the policy's cost curve (``snip/budget.py``), and the schedule
 gains a re-plan at the WSD decay onset. Under ``snip.cost_ema > 0`` a plan is solved from the moving
 average of the costs of the re-plans so far (``snip/cost_memory.py``), checkpointed with the counter;
 under ``snip.forward_stickiness > 0`` the forward GEMMs' costs of the formats the plan in force gives
-them are discounted (``cost_memory.kept_forward``).
+them are discounted (``cost_memory.kept_forward``), and under ``snip.forward_depth_prior > 0`` the
+forward GEMMs' costs are weighted by depth (``snip/priors.py``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from megatron_snip.data.device_batches import BatchLoader
 from megatron_snip.model.shapes import linear_numel, model_linear_shapes
 from megatron_snip.parallel import comm
 from megatron_snip.precision.plan import GemmId, PrecisionPlan
-from megatron_snip.snip import cost_memory, ilp, truth
+from megatron_snip.snip import cost_memory, ilp, priors, truth
 from megatron_snip.snip.budget import RunBudget, weight_divergence_weight_at
 from megatron_snip.snip.gather import reduce_snapshot
 from megatron_snip.snip.host import Replan, SnipHost, TokenSource
@@ -232,11 +233,14 @@ class SnipController:
                 return {"error": f"non-finite SNIP statistics for {len(bad)} GEMM(s), e.g. {bad[:3]}"}, None
             costs = cost_memory.smoothed(costs, self.cost_memory, self.cfg.snip.cost_ema)
         stickiness = self.cfg.snip.forward_stickiness
-        # what the ILP solves: the costs with the kept forward formats' discount (the memory and the
-        # predicted divergence keep the measured ones)
+        # what the ILP solves: the costs with the kept forward formats' discount and the depth prior
+        # (the memory and the predicted divergence keep the measured ones)
+        depth = self.cfg.snip.forward_depth_prior
         solved = costs
         if costs is not None and stickiness > 0:
-            solved = cost_memory.kept_forward(costs, previous.as_dict(), stickiness)
+            solved = cost_memory.kept_forward(solved, previous.as_dict(), stickiness)
+        if solved is not None and depth > 0:
+            solved = priors.depth_weighted(solved, self.cfg.model.num_layers, depth)
         out_timings = {"metrics_s": time.perf_counter() - t1}
         t1 = time.perf_counter()
         ctx = self.context.at_step(step)
@@ -258,6 +262,8 @@ class SnipController:
             plan = plan.with_extra({"cost_ema": self.cfg.snip.cost_ema})
         if stickiness > 0 and costs is not None and plan.solver_status != "TIMEOUT":
             plan = plan.with_extra({"forward_stickiness": stickiness})
+        if depth > 0 and costs is not None and plan.solver_status != "TIMEOUT":
+            plan = plan.with_extra({"forward_depth_prior": depth})
         out_timings["solve_s"] = time.perf_counter() - t1
         predicted = predicted_divergence(costs, plan.as_dict()) if costs is not None else None
         return {"plan": plan.to_json_dict(), "predicted": predicted, "timings": out_timings}, costs

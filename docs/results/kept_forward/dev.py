@@ -13,6 +13,7 @@ Reads ``results_kfc_plan.jsonl`` (the check), ``results_kf1_plan.jsonl`` and ``r
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -37,24 +38,30 @@ def check() -> None:
           f"{'identical' if same and now else 'DIFFERENT'}.\n")
 
 
-def main() -> None:
-    check()
+def probe(arms: Mapping[str, tuple[Path, Path]]) -> None:
+    """Split and tabulate each probe arm (arm -> (its results.jsonl, its evaluations folder); its policy is
+    ``snip``) against forward_split's development references, after the own-plan check of each."""
     recs = records([(FS / "results_fs_plan.jsonl", 0), (FS / "results_fs_run.jsonl", 0)], REFERENCES)
-    for arm, tag in KEPT.items():
-        recs |= records([(HERE / f"results_{tag}_plan.jsonl", 0)], {"snip": arm})
+    for arm, (results, _) in arms.items():
+        recs |= records([(results, 0)], {"snip": arm})
     keys = whole(recs, [(b, 0) for b in BASES])
 
     def where(arm: str) -> Path:
-        return HERE / f"evals_{KEPT[arm]}" if arm in KEPT else FS / "evals"
+        return arms[arm][1] if arm in arms else FS / "evals"
 
-    for arm in KEPT:
+    for arm in arms:
         n, worst = own_plan_check({arm: recs[arm]}, keys, where(arm))
         print(f"Check: `{arm}`'s re-evaluations in its own plan against its recorded final losses, largest "
               f"|difference| over {n} losses: {worst:.2e}.\n")
     print(f"Bases with every arm finished: {', '.join(str(b) for b, _ in keys)} (order 0).\n")
     parts = split(recs, keys, where)
-    contrasts = [(arm, ref) for arm in KEPT for ref in ("snip", "tail+switch")]
+    contrasts = [(arm, ref) for arm in arms for ref in ("snip", "tail+switch")]
     report(parts, keys, contrasts, counts({a: recs[a] for a in parts}, keys, where))
+
+
+def main() -> None:
+    check()
+    probe({arm: (HERE / f"results_{tag}_plan.jsonl", HERE / f"evals_{tag}") for arm, tag in KEPT.items()})
 
 
 if __name__ == "__main__":
