@@ -6,7 +6,10 @@ blocks) and ``tail+switch``'s (blocks 0-3), development bases 11-14, order 0.
 Reads ``evals_blocks/o0_<run>_block_<b>.json`` (the final checkpoint in its last plan cut to block b's
 forward GEMMs, BF16 elsewhere), the runs' BF16 and own-plan re-evaluations and last plans
 (``evals_kf1/`` for ``kept1``, ``../forward_split/evals/`` for ``tail+switch``). F_b = E(block b's cut) −
-E(BF16); mean ± SE over the 4 bases.
+E(BF16); mean ± SE over the 4 bases. Then SNIP's own price of each block's forward GEMMs: the mean over a
+block's 4 forward GEMMs of cost(fp4_block) − cost(fp8_block) (``snip.metrics.snip_costs``, fractions of
+the whole model's total) in the last statistics snapshot of each run of shipped ``snip``
+(forward_split's) and ``kept1``, ``stats/<arm>_o0_<run>_stats.json``, and each block's rank among the 8.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "forward_split"))
 from forward_split import BASES, DOMAINS, FP4_FORMATS, evaluated
+
+from megatron_snip.snip.metrics import snip_costs
 
 ARMS = {"kept1": ("snip", HERE / "evals_kf1", range(8)),
         "tail+switch": ("tail-switch", HERE.parent / "forward_split" / "evals", range(4))}  # arm -> (run, evals, blocks)
@@ -75,5 +80,21 @@ def main() -> None:
               f"{m:+.5f} ± {se:.5f} ({m / se:+.1f} SE); per base: {', '.join(f'{x:+.5f}' for x in diff)}.\n")
 
 
+def prices() -> None:
+    """Table 3: SNIP's FP4 − FP8 price of each block's forward GEMMs in each run's last snapshot."""
+    print("## 3. SNIP's price of each block's forward GEMMs (last snapshot; mean FP4 − FP8 cost, ×1000)\n")
+    print("| arm | base | " + " | ".join(f"block {b}" for b in range(8)) + " | block 0's rank |")
+    print("|---|---|" + "---|" * 8 + "---|")
+    for arm in ("snip", "kept1"):
+        for base in BASES:
+            costs = snip_costs(json.loads((HERE / "stats" / f"{arm}_o0_snip_fp8_block-fp4_block_rho0.9_seed{base}_stats.json")
+                                          .read_text()))
+            row = [statistics.fmean(c["fp4_block"] - c["fp8_block"] for g, c in costs.items()
+                                    if g.layer == b and g.gemm == "fprop") for b in range(8)]
+            rank = 1 + sum(x > row[0] for x in row)
+            print(f"| `{arm}` | {base} | " + " | ".join(f"{1000 * x:.1f}" for x in row) + f" | {rank} |")
+
+
 if __name__ == "__main__":
     main()
+    prices()
