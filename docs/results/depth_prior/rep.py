@@ -1,12 +1,12 @@
-"""protocol_rep.md: shipped ``snip`` with the development probe's chosen ``snip.forward_stickiness`` (arm
-``kept``) on the reported seeds' 1.66M bases 1-4 × data orders 0-3, against ``../goal_1x/``'s BF16, uniform
+"""protocol_rep.md: shipped ``snip`` with the development probe's chosen ``snip.forward_depth_prior`` (arm
+``depth``) on the reported seeds' 1.66M bases 1-4 × data orders 0-3, against ``../goal_1x/``'s BF16, uniform
 ``fp4_block``, shipped ``snip``, ``tail+switch`` and ``snip+switch`` of the same bases and orders.
 
-    python docs/results/kept_forward/rep.py > docs/results/kept_forward/table_rep.md
+    python docs/results/depth_prior/rep.py > docs/results/depth_prior/table_rep.md
 
-Reads ``results_kr_o<k>.jsonl`` (the kept arm), ``results_krc.jsonl`` (the check: this commit's
+Reads ``results_dr_o<k>.jsonl`` (the depth arm), ``results_drc.jsonl`` (the check: this commit's
 ``tail+switch`` on bases 1-2, order 0, against goal_1x's record), goal_1x's records, and for the split
-``evals_kr/o<k>_<run>_{checkpoint,bf16,plan}.json`` with ``../forward_split/``'s reported-seed records and
+``evals_dr/o<k>_<run>_{checkpoint,bf16,plan}.json`` with ``../forward_split/``'s reported-seed records and
 ``evals_rep/`` (orders 0-1). Contrasts, their decomposition and their reading are goal.py's and
 replicas.py's (imported: one place); the recovered share is goal_1x.py's.
 """
@@ -26,14 +26,14 @@ from goal import contrast, verdict
 from replicas import DOMAINS, decompose, finals
 
 ORDERS = range(4)
-KEPT = "kept"
+ARM = "depth"
 SPLIT_ORDERS = (0, 1)
 FS = RESULTS / "forward_split"
 
 
 def check() -> None:
     """This commit's ``tail+switch`` on bases 1-2, order 0, against goal_1x's record of the same run."""
-    now = finals(HERE / "results_krc.jsonl", "tail+switch")
+    now = finals(HERE / "results_drc.jsonl", "tail+switch")
     ref = finals(RESULTS / "goal_1x" / "results_g1_o0_run.jsonl", "tail+switch")
     same = bool(now) and all(now[s] == ref[s] for s in now)
     print(f"Check: this commit's `tail+switch` on bases {', '.join(map(str, sorted(now)))}, order 0, against "
@@ -42,11 +42,11 @@ def check() -> None:
 
 
 def load() -> dict[str, dict[tuple[int, int], dict[str, float]]]:
-    """goal_1x's arms and ``kept``: arm -> {(base, order): final losses}, orders every arm finished on every base."""
+    """goal_1x's arms and ``depth``: arm -> {(base, order): final losses}, orders every arm finished on every base."""
     runs = {arm: {(s, k): f for k in ORDERS for s, f in finals(RESULTS / "goal_1x" / f"results_g1_o{k}_{kind}.jsonl",
                                                                 arm).items()}
             for arm, kind in goal_1x.ARMS.items()}
-    runs[KEPT] = {(s, k): f for k in ORDERS for s, f in finals(HERE / f"results_kr_o{k}.jsonl", "snip").items()}
+    runs[ARM] = {(s, k): f for k in ORDERS for s, f in finals(HERE / f"results_dr_o{k}.jsonl", "snip").items()}
     orders = [k for k in ORDERS if all((b, k) in per for per in runs.values() for b in goal_1x.BASES)]
     return {arm: {key: v for key, v in per.items() if key[1] in orders} for arm, per in runs.items()}
 
@@ -54,41 +54,41 @@ def load() -> dict[str, dict[tuple[int, int], dict[str, float]]]:
 def main() -> None:
     check()
     runs = load()
-    orders = sorted({k for _, k in runs[KEPT]})
+    orders = sorted({k for _, k in runs[ARM]})
     print(f"Whole orders: {orders} (of {list(ORDERS)}); every arm's runs: "
           + ", ".join(f"`{a}` {len(v)}" for a, v in runs.items()) + ".\n")
     if len(orders) < 2:
         print("Fewer than two whole orders: no claim (protocol_rep.md).")
         return
-    print("## `kept` − each arm (mean over the 4 bases of their means over orders ± SE over the bases)\n")
+    print(f"## `{ARM}` − each arm (mean over the 4 bases of their means over orders ± SE over the bases)\n")
     print("| A − B | verdict | " + " | ".join(f"`{d}`" for d in DOMAINS) + " | pairs with A lower (training) |")
     print("|---|---|" + "---|" * len(DOMAINS) + "---|")
     for b in ("tail+switch", "snip", "snip+switch", "uniform:fp4_block", "bf16"):
-        data = contrast(runs, KEPT, b)
+        data = contrast(runs, ARM, b)
         summary = {d: decompose({key: v[d] for key, v in data.items()}) for d in DOMAINS}
         lower = sum(v["val_loss"] < 0 for v in data.values())
-        print(f"| `{KEPT}` − `{b}` | {verdict(summary, KEPT, b)} | "
+        print(f"| `{ARM}` − `{b}` | {verdict(summary, ARM, b)} | "
               + " | ".join(f"{r['mean']:+.4f} ± {r['se']:.4f} ({r['mean'] / r['se']:+.1f} SE)" for r in summary.values())
               + f" | {lower} of {len(data)} |")
     print(f"\n## Share of uniform `fp4_block`'s gap to BF16 recovered (goal: ≥ {goal_1x.GOAL_SHARE})\n")
     print("| arm | " + " | ".join(f"`{d}`" for d in DOMAINS) + " |\n|---|" + "---|" * len(DOMAINS))
-    for arm in (KEPT, "snip", "tail+switch", "snip+switch"):
+    for arm in (ARM, "snip", "tail+switch", "snip+switch"):
         print(f"| `{arm}` | " + " | ".join(goal_1x.mean_se(goal_1x.recovered(runs, arm, d)) for d in DOMAINS) + " |")
 
     print("\n## The split at orders 0-1 (forward_split's definitions; references: its reported-seed reruns)\n")
     sources = [(FS / f"results_fsr_o{k}_{kind}.jsonl", k) for k in SPLIT_ORDERS for kind in ("plan", "run")]
     recs = records(sources, {p: p for p in ("bf16", "snip", "tail+switch")})
-    recs |= records([(HERE / f"results_kr_o{k}.jsonl", k) for k in SPLIT_ORDERS], {"snip": KEPT})
+    recs |= records([(HERE / f"results_dr_o{k}.jsonl", k) for k in SPLIT_ORDERS], {"snip": ARM})
     keys = whole(recs, [(b, k) for b in goal_1x.BASES for k in SPLIT_ORDERS])
 
     def where(arm: str) -> Path:
-        return HERE / "evals_kr" if arm == KEPT else FS / "evals_rep"
+        return HERE / "evals_dr" if arm == ARM else FS / "evals_rep"
 
-    n, worst = own_plan_check({KEPT: recs[KEPT]}, keys, where(KEPT))
-    print(f"Check: `{KEPT}`'s re-evaluations in its own plan against its records, largest |difference| over "
+    n, worst = own_plan_check({ARM: recs[ARM]}, keys, where(ARM))
+    print(f"Check: `{ARM}`'s re-evaluations in its own plan against its records, largest |difference| over "
           f"{n} losses: {worst:.2e}.\n")
     parts = split(recs, keys, where)
-    report(parts, keys, ((KEPT, "tail+switch"), (KEPT, "snip")), counts({a: recs[a] for a in parts}, keys, where))
+    report(parts, keys, ((ARM, "tail+switch"), (ARM, "snip")), counts({a: recs[a] for a in parts}, keys, where))
 
 
 if __name__ == "__main__":
