@@ -39,8 +39,8 @@ the plan is the one the run made. Kept forward formats (``snip.forward_stickines
 ``--run-dir`` each forward GEMM's cost in the format the run's plan in force before the step gives it
 is discounted, as the controller did, and with ``snip.forward_depth_prior > 0`` the forward GEMMs'
 costs are weighted by depth (``snip/priors.py``); the printed objective and the Pareto curve keep the
-measured costs. With ``--run-dir`` lambda is the run's (``snip.weight_divergence_weight``, LR-scaled where the
-run scaled it) unless ``--weight-divergence-weight`` is given.
+measured costs. With ``--run-dir`` lambda is the run's (``snip.weight_divergence_weight``, LR-scaled
+where the run scaled it) unless ``--weight-divergence-weight`` is given.
 """
 
 from __future__ import annotations
@@ -92,9 +92,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--pp", type=int, default=1, help="pipeline stages for the per-stage constraints")
     ap.add_argument("--run-dir", default=None,
                     help="a run with snip.budget=\"run\" (plan the interval from --step with its budget and plan "
-                         "history), snip.cost_ema > 0 (average with the costs its earlier snapshots leave) or "
-                         "snip.forward_stickiness > 0 (discount the forward formats of the plan in force before --step) "
-                         "or snip.forward_depth_prior > 0 (weigh the forward GEMMs' costs by depth)")
+                         "history), snip.cost_ema > 0 (average with the costs its earlier snapshots leave), "
+                         "snip.forward_stickiness > 0 (discount the forward formats of the plan in force before "
+                         "--step) or snip.forward_depth_prior > 0 (weigh the forward GEMMs' costs by depth)")
     ap.add_argument("--step", type=int, default=None, help="with --run-dir: the re-plan step (default: the snapshot's)")
     ap.add_argument("--out", required=True)
     return ap.parse_args(argv)

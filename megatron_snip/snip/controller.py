@@ -232,10 +232,9 @@ class SnipController:
             if bad:  # a NaN/inf cost would make the ILP invalid; the old plan stays
                 return {"error": f"non-finite SNIP statistics for {len(bad)} GEMM(s), e.g. {bad[:3]}"}, None
             costs = cost_memory.smoothed(costs, self.cost_memory, self.cfg.snip.cost_ema)
-        stickiness = self.cfg.snip.forward_stickiness
         # what the ILP solves: the costs with the kept forward formats' discount and the depth prior
         # (the memory and the predicted divergence keep the measured ones)
-        depth = self.cfg.snip.forward_depth_prior
+        stickiness, depth = self.cfg.snip.forward_stickiness, self.cfg.snip.forward_depth_prior
         solved = costs
         if costs is not None and stickiness > 0:
             solved = cost_memory.kept_forward(solved, previous.as_dict(), stickiness)

@@ -44,14 +44,15 @@ def kept_forward(costs: Costs, in_force: Mapping[GemmId, str], stickiness: float
     Why: the weights adapt to the quantization error of the forward GEMMs they train with. Re-evaluated
     in another arm's last plan, each arm's final weights pay more for that plan's FP4 forward GEMMs than
     the weights that trained in it (1.66M, development bases: NVIDIA's recipe's last plan costs its own
-    weights 0.0062 ± 0.0010 less than it costs SNIP's; docs/results/forward_split/results.md, "Each last plan on the
-    other arms' weights"). The statistics are measured on the current weights against BF16, so they
+    weights 0.0062 ± 0.0010 less than it costs SNIP's; docs/results/forward_split/results.md, "Each last
+    plan on the other arms' weights"). The statistics are measured on the current weights against BF16, so they
     price a forward GEMM's error the same whether the weights adapted to it or not; a discount on
     staying is the adaptation a change of format would give up. ``k = 0`` is SNIP as measured (the
     default), ``k = 1`` makes staying free, so a forward GEMM changes format only where the backward
     GEMMs or the FP4 floor pay for it. Backward GEMMs are left alone: their errors move the updates,
     not the function the weights adapt to. A format the plan in force uses that is not priced (BF16
-    in force before the first plan, when BF16 is no candidate) gets no discount."""
+    in force before the first plan, when BF16 is no candidate) gets no discount. Tried in training at
+    1.66M it ties shipped SNIP (docs/results/kept_forward/results.md): the default stays 0."""
     if not 0.0 <= stickiness <= 1.0:
         raise ValueError(f"forward_stickiness={stickiness} must be in [0, 1]")
     out = {g: dict(per_f) for g, per_f in costs.items()}
