@@ -17,7 +17,7 @@ from megatron_snip.snip.adam_moments import adam_denominator
 from megatron_snip.snip.controller import SnipController, is_replan_step, probe_gradient_warning
 from megatron_snip.snip.host import SnipHost
 from megatron_snip.training.trainer import Trainer
-from tests.unit.snip_runs import fit_snip
+from tests.unit.snip_runs import fit_snip, preempted_and_resumed, solve_plan_script, step_losses
 
 TINY = "launch/configs/tiny.toml"
 SNIP = ["snip.enabled=true", "snip.policy=snip", "snip.warmup=2", "snip.interval=3", "snip.probe_batches=1",
@@ -26,11 +26,6 @@ SNIP = ["snip.enabled=true", "snip.policy=snip", "snip.warmup=2", "snip.interval
 
 def _fit(overrides, crash_after=None):
     return fit_snip(overrides, crash_after)[0]
-
-
-def _losses(run_dir):
-    return {r["step"]: r["loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-            if "loss" in r}
 
 
 def test_schedule():
@@ -184,22 +179,14 @@ def test_controller_plans_records_and_resumes(small_overrides, tmp_path):
     assert (run / "precision_map.png").is_file() and (run / "timeline.png").is_file()
 
     run2 = tmp_path / "run2"
-    over2 = [o for o in small_overrides if not o.startswith("training.run_dir")] + [f"training.run_dir={run2}"] + SNIP
-    _fit(over2 + ["training.save_interval=4"], crash_after=4)
-    resumed = _fit(over2 + ["training.resume=true"])
+    resumed, _ = preempted_and_resumed(small_overrides + SNIP, run2, crash_after=4)
     assert [p.hash for p in resumed.plan_history] == [p.hash for p in full.plan_history]
-    assert _losses(run2) == _losses(run), "resumed SNIP run diverged from the uninterrupted one"
+    assert step_losses(run2) == step_losses(run), "resumed SNIP run diverged from the uninterrupted one"
 
 
 def test_offline_planner_reproduces_the_controllers_plan(small_overrides, tmp_path):
-    import importlib.util
-    import sys
-
     _fit(small_overrides + SNIP[:-1] + ["training.max_steps=3"])
-    spec = importlib.util.spec_from_file_location("solve_plan", "scripts/solve_plan.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["solve_plan"] = mod
-    spec.loader.exec_module(mod)
+    mod = solve_plan_script()
     out = tmp_path / "offline"
     assert mod.main(["--stats", str(tmp_path / "run/plans/step_000002_stats.json"), "--fp4-target", "0.75",
                      "--out", str(out)]) == 0

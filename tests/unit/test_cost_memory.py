@@ -5,10 +5,8 @@ exactly."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 
 import pytest
 
@@ -17,7 +15,7 @@ from megatron_snip.precision.plan import GemmId, PrecisionPlan
 from megatron_snip.snip import cost_memory
 from megatron_snip.snip.metrics import predicted_divergence
 from megatron_snip.snip.policies import policy_costs
-from tests.unit.snip_runs import fit_snip
+from tests.unit.snip_runs import fit_snip, preempted_and_resumed, solve_plan_script, step_losses
 
 TINY = "launch/configs/tiny.toml"
 # re-plans at steps 2 and 5 of 8
@@ -86,10 +84,7 @@ def test_the_controller_plans_from_the_average_of_its_recorded_costs(small_overr
     assert rows[2]["predicted_divergence"] == predicted_divergence(c2, tr.plan_history[1].as_dict())  # the first: its own
 
     # offline, scripts/solve_plan.py --run-dir replays the memory from the earlier snapshots: the run's plan
-    spec = importlib.util.spec_from_file_location("solve_plan", "scripts/solve_plan.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["solve_plan"] = mod
-    spec.loader.exec_module(mod)
+    mod = solve_plan_script()
     out = tmp_path / "offline"
     fp4 = str(tr.cfg.snip.fp4_target)
     assert mod.main(["--stats", str(run / "plans/step_000005_stats.json"), "--run-dir", str(run), "--fp4-target", fp4,
@@ -104,10 +99,7 @@ def test_without_a_weight_nothing_is_remembered(small_overrides, tmp_path):
     run = tmp_path / "run"
     assert ctl.cost_memory is None and "cost_memory" not in tr.extra_state["snip"]
     assert all("cost_ema" not in dict(p.extra) for p in tr.plan_history)
-    spec = importlib.util.spec_from_file_location("solve_plan", "scripts/solve_plan.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["solve_plan"] = mod
-    spec.loader.exec_module(mod)
+    mod = solve_plan_script()
     assert mod.main(["--stats", str(run / "plans/step_000005_stats.json"), "--run-dir", str(run),
                      "--out", str(tmp_path / "o")]) == 2
 
@@ -118,15 +110,8 @@ def test_a_resumed_run_keeps_the_memory_exactly(small_overrides, tmp_path):
     are those of the uninterrupted run, bit for bit."""
     full, full_ctl = fit_snip(small_overrides + EMA)
     run2 = tmp_path / "run2"
-    over2 = [o for o in small_overrides if not o.startswith("training.run_dir")] + [f"training.run_dir={run2}"] + EMA
-    fit_snip(over2 + ["training.save_interval=4"], crash_after=4)
-    resumed, resumed_ctl = fit_snip(over2 + ["training.resume=true"])
+    resumed, resumed_ctl = preempted_and_resumed(small_overrides + EMA, run2, crash_after=4)
     assert [p.hash for p in resumed.plan_history] == [p.hash for p in full.plan_history]
     assert resumed_ctl.cost_memory == full_ctl.cost_memory
-
-    def losses(d):
-        return {r["step"]: r["loss"] for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())
-                if "loss" in r}
-
-    assert losses(run2) == losses(tmp_path / "run")
-    assert math.isfinite(sum(losses(run2).values()))
+    assert step_losses(run2) == step_losses(tmp_path / "run")
+    assert math.isfinite(sum(step_losses(run2).values()))

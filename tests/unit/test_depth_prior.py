@@ -4,16 +4,14 @@ model against the offline planner's replay (and against the solve without it).""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 
 import pytest
 
 from megatron_snip.config import load_config
 from megatron_snip.precision.plan import GemmId, PrecisionPlan
 from megatron_snip.snip import priors
-from tests.unit.snip_runs import fit_snip
+from tests.unit.snip_runs import fit_snip, solve_plan_script
 
 TINY = "launch/configs/tiny.toml"
 SNIP = ["snip.enabled=true", "snip.policy=snip", "snip.warmup=2", "snip.interval=3", "snip.probe_batches=1",
@@ -53,10 +51,7 @@ def test_the_controller_solves_the_weighted_costs(small_overrides, tmp_path):
     run = tmp_path / "run"
     plan5 = PrecisionPlan.load(run / "plans/step_000005.json")
     assert dict(plan5.extra)["forward_depth_prior"] == 4.0
-    spec = importlib.util.spec_from_file_location("solve_plan", "scripts/solve_plan.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["solve_plan"] = mod
-    spec.loader.exec_module(mod)
+    mod = solve_plan_script()
     fp4, stats = str(tr.cfg.snip.fp4_target), str(run / "plans/step_000005_stats.json")
     assert mod.main(["--stats", stats, "--run-dir", str(run), "--fp4-target", fp4, "--out", str(tmp_path / "p")]) == 0
     assert PrecisionPlan.load(tmp_path / "p/plan.json").as_dict() == plan5.as_dict()

@@ -5,10 +5,8 @@ of it, and a resume that keeps it exactly."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 
 import pytest
 
@@ -17,7 +15,7 @@ from megatron_snip.precision.plan import GemmId, PrecisionPlan
 from megatron_snip.snip import cost_memory
 from megatron_snip.snip.metrics import predicted_divergence
 from megatron_snip.snip.policies import policy_costs
-from tests.unit.snip_runs import fit_snip
+from tests.unit.snip_runs import fit_snip, preempted_and_resumed, solve_plan_script, step_losses
 
 TINY = "launch/configs/tiny.toml"
 # re-plans at steps 2 and 5 of 8
@@ -49,14 +47,6 @@ def test_a_stickiness_outside_0_1_is_refused_by_name(bad):
         load_config(TINY, [f"snip.forward_stickiness={bad}"])
 
 
-def _solve_plan():
-    spec = importlib.util.spec_from_file_location("solve_plan", "scripts/solve_plan.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["solve_plan"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_the_controller_solves_with_the_plan_in_force_discounted(small_overrides, tmp_path):
     """With forward_stickiness = 1 the step-5 plan keeps step 2's forward formats where the measured costs
     alone would move them: it is the offline planner's solve of the step-5 snapshot with step 2's plan
@@ -69,7 +59,7 @@ def test_the_controller_solves_with_the_plan_in_force_discounted(small_overrides
     assert dict(plan5.extra)["forward_stickiness"] == 1.0
     fp4 = str(tr.cfg.snip.fp4_target)
     stats = str(run / "plans/step_000005_stats.json")
-    mod = _solve_plan()
+    mod = solve_plan_script()
     assert mod.main(["--stats", stats, "--run-dir", str(run), "--fp4-target", fp4, "--out", str(tmp_path / "kept")]) == 0
     assert PrecisionPlan.load(tmp_path / "kept/plan.json").as_dict() == plan5.as_dict()
     assert mod.main(["--stats", stats, "--fp4-target", fp4, "--out", str(tmp_path / "plain")]) == 0
@@ -95,14 +85,7 @@ def test_a_resumed_run_keeps_the_forward_formats_exactly(small_overrides, tmp_pa
     those of the uninterrupted run, bit for bit."""
     full, _ = fit_snip(small_overrides + KEPT)
     run2 = tmp_path / "run2"
-    over2 = [o for o in small_overrides if not o.startswith("training.run_dir")] + [f"training.run_dir={run2}"] + KEPT
-    fit_snip(over2 + ["training.save_interval=4"], crash_after=4)
-    resumed, _ = fit_snip(over2 + ["training.resume=true"])
+    resumed, _ = preempted_and_resumed(small_overrides + KEPT, run2, crash_after=4)
     assert [p.hash for p in resumed.plan_history] == [p.hash for p in full.plan_history]
-
-    def losses(d):
-        return {r["step"]: r["loss"] for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())
-                if "loss" in r}
-
-    assert losses(run2) == losses(tmp_path / "run")
-    assert math.isfinite(sum(losses(run2).values()))
+    assert step_losses(run2) == step_losses(tmp_path / "run")
+    assert math.isfinite(sum(step_losses(run2).values()))

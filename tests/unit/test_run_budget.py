@@ -23,7 +23,7 @@ from megatron_snip.snip.budget import Interval, RunBudget, allocate, intervals_f
 from megatron_snip.snip.policies import PlanContext, check_policy_context, cost_curve, make_plan
 from megatron_snip.snip.problem import InfeasibleError
 from megatron_snip.snip.rules import switch_entries
-from tests.unit.snip_runs import fit_snip
+from tests.unit.snip_runs import fit_snip, preempted_and_resumed, solve_plan_script, step_losses
 
 TINY = "launch/configs/tiny.toml"
 F = Fraction
@@ -307,9 +307,7 @@ def test_the_budget_state_survives_a_resume_bitwise(small_overrides, tmp_path):
     checkpointed plan history) and the same losses as the uninterrupted run."""
     full = _fit(small_overrides + RUN + ["snip.policy=snip"])
     run2 = tmp_path / "run2"
-    over2 = [o for o in small_overrides if not o.startswith("training.run_dir")] + [f"training.run_dir={run2}"] + RUN
-    _fit(over2 + ["snip.policy=snip", "training.save_interval=4"], crash_after=12)
-    resumed = _fit(over2 + ["snip.policy=snip", "training.resume=true"])
+    resumed, _ = preempted_and_resumed(small_overrides + RUN + ["snip.policy=snip"], run2, crash_after=12)
     assert [p.hash for p in resumed.plan_history] == [p.hash for p in full.plan_history]
 
     def budget_fields(plans):
@@ -318,20 +316,10 @@ def test_the_budget_state_survives_a_resume_bitwise(small_overrides, tmp_path):
     assert budget_fields(resumed.plan_history) == budget_fields(full.plan_history)
     assert any(f for f in budget_fields(full.plan_history))
 
-    def losses(d):
-        return {r["step"]: r["loss"] for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())
-                if "loss" in r}
-
-    assert losses(run2) == losses(tmp_path / "run")
+    assert step_losses(run2) == step_losses(tmp_path / "run")
 
     # offline: scripts/solve_plan.py --run-dir answers the same share (and plan) for the step-10 interval
-    import importlib.util
-    import sys
-
-    spec = importlib.util.spec_from_file_location("solve_plan", "scripts/solve_plan.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["solve_plan"] = mod
-    spec.loader.exec_module(mod)
+    mod = solve_plan_script()
     run, out = tmp_path / "run", tmp_path / "offline"
     assert mod.main(["--stats", str(run / "plans/step_000010_stats.json"), "--run-dir", str(run),
                      "--granularity", "gemm", "--out", str(out)]) == 0

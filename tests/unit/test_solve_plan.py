@@ -9,12 +9,10 @@ The FP4-share offline planner is tested in test_controller.py (it reproduces the
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import math
 import re
-import sys
 from fractions import Fraction
 
 import pytest
@@ -27,6 +25,7 @@ from megatron_snip.snip.ilp import COST_RESOLUTION
 from megatron_snip.snip.policies import policy_costs
 from megatron_snip.training.trainer import Trainer
 from tests.conftest import SMALL
+from tests.unit.snip_runs import solve_plan_script
 
 TINY = "launch/configs/tiny.toml"
 SNIP = ["snip.enabled=true", "snip.policy=snip", "snip.probe_batches=1", "snip.noise_draws=1"]
@@ -59,11 +58,7 @@ def fp4_share_snapshot(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def solve_plan():
-    spec = importlib.util.spec_from_file_location("solve_plan", "scripts/solve_plan.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["solve_plan"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return solve_plan_script()
 
 
 # --------------------------------------------------------------------------------------
