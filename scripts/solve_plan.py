@@ -150,12 +150,9 @@ def solve(args: argparse.Namespace, path: Path, snapshot: Mapping[str, Any]) -> 
                              f"this plan; drop --run-dir")
         if snip.cost_ema > 0:
             memory = replayed_memory(Path(args.run_dir), run_cfg, args.policy, ctx.candidates, step)
-            costs = solved = cost_memory.smoothed(costs, memory, snip.cost_ema)
-        if snip.forward_stickiness > 0:
-            in_force = plans_before(Path(args.run_dir), step)[-1]
-            solved = cost_memory.kept_forward(costs, in_force.as_dict(), snip.forward_stickiness)
-        if snip.forward_depth_prior > 0:
-            solved = priors.depth_weighted(solved, run_cfg.model.num_layers, snip.forward_depth_prior)
+            costs = cost_memory.smoothed(costs, memory, snip.cost_ema)
+        in_force = plans_before(Path(args.run_dir), step)[-1].as_dict() if snip.forward_stickiness > 0 else {}
+        solved = priors.solver_costs(costs, snip, run_cfg.model.num_layers, in_force)
         if snip.budget == "run":
             decision, ctx = run_budget_share(args, run_cfg, ctx, solved, step)
     plan = make_plan(args.policy, ctx, solved)

@@ -18,9 +18,8 @@ Under ``snip.budget = "run"`` each re-plan first chooses its interval's FP4 shar
 history and the policy's cost curve (``snip/budget.py``), and the schedule
 gains a re-plan at the WSD decay onset. Under ``snip.cost_ema > 0`` a plan is solved from the moving
 average of the costs of the re-plans so far (``snip/cost_memory.py``), checkpointed with the counter;
-under ``snip.forward_stickiness > 0`` the forward GEMMs' costs of the formats the plan in force gives
-them are discounted (``cost_memory.kept_forward``), and under ``snip.forward_depth_prior > 0`` the
-forward GEMMs' costs are weighted by depth (``snip/priors.py``).
+``snip.forward_stickiness`` and ``snip.forward_depth_prior`` adjust the costs the ILP solves
+(``snip/priors.py``, ``solver_costs``).
 """
 
 from __future__ import annotations
@@ -232,14 +231,10 @@ class SnipController:
             if bad:  # a NaN/inf cost would make the ILP invalid; the old plan stays
                 return {"error": f"non-finite SNIP statistics for {len(bad)} GEMM(s), e.g. {bad[:3]}"}, None
             costs = cost_memory.smoothed(costs, self.cost_memory, self.cfg.snip.cost_ema)
-        # what the ILP solves: the costs with the kept forward formats' discount and the depth prior
-        # (the memory and the predicted divergence keep the measured ones)
+        # what the ILP solves (the memory and the predicted divergence keep the measured costs)
+        solved = None if costs is None else priors.solver_costs(costs, self.cfg.snip, self.cfg.model.num_layers,
+                                                                previous.as_dict())
         stickiness, depth = self.cfg.snip.forward_stickiness, self.cfg.snip.forward_depth_prior
-        solved = costs
-        if costs is not None and stickiness > 0:
-            solved = cost_memory.kept_forward(solved, previous.as_dict(), stickiness)
-        if solved is not None and depth > 0:
-            solved = priors.depth_weighted(solved, self.cfg.model.num_layers, depth)
         out_timings = {"metrics_s": time.perf_counter() - t1}
         t1 = time.perf_counter()
         ctx = self.context.at_step(step)

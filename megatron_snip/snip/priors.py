@@ -1,5 +1,8 @@
-"""Soft priors on the SNIP costs, applied to the costs the ILP solves (the measured ones stay the plan's
-predicted divergence): ``snip.forward_depth_prior``.
+"""The costs the ILP solves (``solver_costs``): the measured (or remembered) costs with the soft terms the
+config turns on - the kept forward formats' discount (``snip.forward_stickiness``,
+``cost_memory.kept_forward``) and the depth prior on the forward GEMMs (``snip.forward_depth_prior``,
+below). The measured costs stay the plan's predicted divergence and ``snip.cost_ema``'s memory. The
+controller and ``scripts/solve_plan.py --run-dir`` both call ``solver_costs``.
 
 Why a depth prior on the forward GEMMs: a forward GEMM's quantization error is measured against BF16
 on the current weights, but the final model is evaluated after the blocks downstream of it trained
@@ -16,7 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from megatron_snip.config import SnipConfig
 from megatron_snip.precision.plan import GemmId
+from megatron_snip.snip.cost_memory import kept_forward
 
 Costs = Mapping[GemmId, Mapping[str, float]]
 
@@ -43,3 +48,15 @@ def depth_weighted(costs: Costs, num_layers: int, power: float) -> dict[GemmId, 
             raise ValueError(f"GEMM {g.key} is outside the model's {num_layers} blocks")
         out[g] = {f: c * m[g.layer] for f, c in per_f.items()} if g.gemm == "fprop" else dict(per_f)
     return out
+
+
+def solver_costs(costs: Costs, snip: SnipConfig, num_layers: int, in_force: Mapping[GemmId, str]) -> Costs:
+    """``costs`` with ``snip``'s soft terms: each forward GEMM's cost in its format under the plan in force
+    (``in_force``: GemmId -> format; only read when ``snip.forward_stickiness > 0``) discounted, then the
+    forward GEMMs weighted by depth over ``num_layers`` blocks; ``costs`` itself when both are 0."""
+    solved = costs
+    if snip.forward_stickiness > 0:
+        solved = kept_forward(solved, in_force, snip.forward_stickiness)
+    if snip.forward_depth_prior > 0:
+        solved = depth_weighted(solved, num_layers, snip.forward_depth_prior)
+    return solved

@@ -57,3 +57,15 @@ def test_the_controller_solves_the_weighted_costs(small_overrides, tmp_path):
     assert PrecisionPlan.load(tmp_path / "p/plan.json").as_dict() == plan5.as_dict()
     assert mod.main(["--stats", stats, "--fp4-target", fp4, "--out", str(tmp_path / "plain")]) == 0
     assert PrecisionPlan.load(tmp_path / "plain/plan.json").as_dict() != plan5.as_dict()
+
+
+def test_the_solver_costs_apply_the_configured_terms():
+    """``solver_costs``, which the controller and the offline planner share: nothing when both terms are
+    off (the same table), the discount and the depth weights when on."""
+    f0, d1 = GemmId(0, "fc2", "fprop"), GemmId(1, "qkv", "dgrad")
+    costs = {f0: {"fp8": 0.2, "nvfp4": 1.0}, d1: {"fp8": 0.3, "nvfp4": 0.5}}
+    cfg = load_config(TINY).snip
+    assert priors.solver_costs(costs, cfg, 2, {}) is costs
+    on = load_config(TINY, ["snip.forward_stickiness=0.5", "snip.forward_depth_prior=1"]).snip
+    # depth factors for 2 blocks at p = 1: 0.5, 1.5; block 0's fprop in nvfp4 also halved by the stickiness
+    assert priors.solver_costs(costs, on, 2, {f0: "nvfp4"}) == {f0: {"fp8": 0.2 * 0.5, "nvfp4": 0.5 * 0.5}, d1: costs[d1]}
