@@ -80,6 +80,9 @@ def main() -> None:
     recs = records(sources, {p: p for p in ("bf16", "snip", "tail+switch")})
     recs |= records([(HERE / f"results_dr_o{k}.jsonl", k) for k in SPLIT_ORDERS], {"snip": ARM})
     keys = whole(recs, [(b, k) for b in goal_1x.BASES for k in SPLIT_ORDERS])
+    print("FP4 share over the continuation (every run of the arm, orders 0-1): " + "; ".join(
+        f"`{a}` " + ", ".join(sorted({f"{per[key]['fp4_share_mean']:.4f}" for key in keys})) for a, per in recs.items()
+        if a != "bf16") + ".\n")
 
     def where(arm: str) -> Path:
         return HERE / "evals_dr" if arm == ARM else FS / "evals_rep"

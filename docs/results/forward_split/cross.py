@@ -36,7 +36,11 @@ def loss(w: str, p: str, base: int) -> dict[str, float]:
 
 def forward(w: str, p: str) -> dict[int, dict[str, float]]:
     """base -> domain -> F(W, P)."""
-    return {b: {d: loss(w, p, b)[d] - loss(w, "bf16", b)[d] for d in DOMAINS} for b in BASES}
+    out = {}
+    for b in BASES:
+        in_plan, in_bf16 = loss(w, p, b), loss(w, "bf16", b)
+        out[b] = {d: in_plan[d] - in_bf16[d] for d in DOMAINS}
+    return out
 
 
 def cell(values: list[float]) -> str:
