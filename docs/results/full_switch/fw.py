@@ -1,0 +1,156 @@
+"""protocol.md: ``tail+switch`` and ``snip+switch`` with the run budget's share grid topped at 1.0 (arms
+``tail+switch@1``, ``snip+switch@1``) on the reported seeds' 1.66M bases 1-4 × data orders 0-3, against
+``../goal_1x/``'s BF16, uniform ``fp4_block``, shipped ``snip``, ``tail+switch`` and ``snip+switch`` (grid top
+0.95) of the same bases and orders.
+
+    python docs/results/full_switch/fw.py > docs/results/full_switch/table.md
+
+Reads ``results_fw_o<k>.jsonl`` (both new arms), ``results_fwc.jsonl`` (the check: this commit's
+``snip+switch`` at the default grid on bases 1-2, order 0, against goal_1x's record), goal_1x's records,
+``plans/o<k>_<run>_step_<N>.json`` (every plan of every new run and check run: the schedule and the
+modelled GEMM time) and for the split ``evals_fw/o<k>_<run>_{checkpoint,bf16,plan}.json`` with
+``../forward_split/``'s reported-seed reruns and ``evals_rep/`` (orders 0-1). Contrasts, their
+decomposition and reading are goal.py's and replicas.py's, the recovered share goal_1x.py's and the split
+forward_split.py's (imported: one place); the modelled time is the comparison report's.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections import Counter
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE.parent
+ROOT = RESULTS.parent.parent
+for folder in ("replicas", "goal_replicas", "goal_1x", "forward_split"):
+    sys.path.insert(0, str(RESULTS / folder))
+sys.path.insert(0, str(ROOT))
+import goal_1x  # the goal test at 1.66M: its records, arms and recovered share
+from forward_split import counts, own_plan_check, records, report, split, whole
+from goal import contrast, verdict
+from replicas import DOMAINS, decompose, finals
+
+from experiments.comparison.report import blackwell_costs, modeled_time_ratio
+from megatron_snip.config.toml_io import config_from_dict
+from megatron_snip.precision.formats import FP4_FORMATS
+
+ORDERS = range(4)
+NEW = {"tail+switch": "tail+switch@1", "snip+switch": "snip+switch@1"}  # policy -> arm
+SPLIT_ORDERS = (0, 1)
+FS = RESULTS / "forward_split"
+PLANS = HERE / "plans"
+
+
+def check() -> None:
+    """This commit's ``snip+switch`` (default grid) on bases 1-2, order 0, against goal_1x's record of the same run."""
+    now = finals(HERE / "results_fwc.jsonl", "snip+switch")
+    ref = finals(RESULTS / "goal_1x" / "results_g1_o0_run.jsonl", "snip+switch")
+    same = bool(now) and all(now[s] == ref[s] for s in now)
+    print(f"Check: this commit's `snip+switch` at the default share grid on bases {', '.join(map(str, sorted(now)))}, "
+          f"order 0, against goal_1x's records ({sum(len(v) for v in now.values())} final losses): "
+          f"{'identical' if same else 'DIFFERENT'}.\n")
+
+
+def load() -> dict[str, dict[tuple[int, int], dict[str, float]]]:
+    """goal_1x's arms and the new ones: arm -> {(base, order): final losses}, orders every arm finished on every base."""
+    runs = {arm: {(s, k): f for k in ORDERS for s, f in finals(RESULTS / "goal_1x" / f"results_g1_o{k}_{kind}.jsonl",
+                                                                arm).items()}
+            for arm, kind in goal_1x.ARMS.items()}
+    for policy, arm in NEW.items():
+        runs[arm] = {(s, k): f for k in ORDERS for s, f in finals(HERE / f"results_fw_o{k}.jsonl", policy).items()}
+    orders = [k for k in ORDERS if all((b, k) in per for per in runs.values() for b in goal_1x.BASES)]
+    return {arm: {key: v for key, v in per.items() if key[1] in orders} for arm, per in runs.items()}
+
+
+def run_plans(order: int, record: dict) -> list[tuple[int, Path]]:
+    """(start step, plan file) of every plan one run recorded, in step order."""
+    files = sorted(PLANS.glob(f"o{order}_{record['name']}_step_*.json"))
+    return [(int(f.stem.rsplit("_", 1)[1]), f) for f in files]
+
+
+def schedule_and_time(sources: list[tuple[Path, int]], label: dict[str, str]) -> None:
+    """Per arm: the allocation its first policy plan recorded, each interval's FP4 share as run, the last
+    plan's GEMMs in FP4 by kind, and the modelled linear-GEMM time over the continuation at B200's ratios
+    (each plan weighted by the steps it ran, BF16 warm-up included: the comparison report's model)."""
+    print("## What the runs spent (from their recorded plans)\n")
+    print("| arm | runs | allocation at step 20 | FP4 share over the continuation | last plan's GEMMs in FP4 "
+          "(fprop, dgrad, wgrad; mean over runs) | modelled GEMM time / BF16 (B200) |")
+    print("|---|---|---|---|---|---|")
+    for policy, arm in label.items():
+        recs = [(k, r) for path, k in sources for line in (path.read_text().splitlines() if path.is_file() else [])
+                if (r := json.loads(line))["policy"] == policy and r["status"] == "ok"]
+        if not recs:
+            continue
+        schedules, times, kinds, per_kind = Counter(), [], Counter(), 0
+        for k, r in recs:
+            plans = run_plans(k, r)
+            first = json.loads(plans[1][1].read_text())["extra"]
+            schedules[first["budget_schedule"]] += 1
+            cfg = config_from_dict(r["config"])
+            costs = blackwell_costs(r["formats"])
+            ends = [s for s, _ in plans[1:]] + [r["steps"]]
+            times.append(sum((b - a) * modeled_time_ratio(p, cfg, costs) for (a, p), b in zip(plans, ends)) / r["steps"])
+            last = json.loads(plans[-1][1].read_text())["entries"]
+            kinds.update(g.rsplit(".", 1)[1] for g, f in last.items() if f in FP4_FORMATS)
+            per_kind = sum(g.endswith(".fprop") for g in last)
+        n = len(recs)
+        shares = sorted({f"{r['fp4_share_mean']:.4f}" for _, r in recs})
+        print(f"| `{arm}` | {n} | " + "; ".join(f"`{s}` ({c})" for s, c in schedules.most_common()) + f" | {', '.join(shares)} | "
+              + ", ".join(f"{kinds[g] / n:.1f}" for g in ("fprop", "dgrad", "wgrad"))
+              + f" of {per_kind} each | {min(times):.4f}-{max(times):.4f} |")
+    print()
+
+
+def main() -> None:
+    check()
+    schedule_and_time([(HERE / "results_fwc.jsonl", 0)], {"snip+switch": "snip+switch (check, grid top 0.95)"})
+    schedule_and_time([(HERE / f"results_fw_o{k}.jsonl", k) for k in ORDERS], NEW)
+    runs = load()
+    orders = sorted({k for _, k in runs[NEW["snip+switch"]]})
+    print(f"Whole orders: {orders} (of {list(ORDERS)}); every arm's runs: "
+          + ", ".join(f"`{a}` {len(v)}" for a, v in runs.items()) + ".\n")
+    if len(orders) < 2:
+        print("Fewer than two whole orders: no claim (protocol.md).")
+        return
+    print("## Contrasts A − B (mean over the 4 bases of their means over orders ± SE over the bases)\n")
+    print("| A − B | verdict | " + " | ".join(f"`{d}`" for d in DOMAINS) + " | pairs with A lower (training) |")
+    print("|---|---|" + "---|" * len(DOMAINS) + "---|")
+    for a, b in (("snip+switch@1", "snip+switch"), ("tail+switch@1", "tail+switch"), ("snip+switch@1", "tail+switch@1"),
+                 ("snip+switch@1", "tail+switch"), ("snip+switch@1", "snip"), ("tail+switch@1", "snip"),
+                 ("snip+switch@1", "uniform:fp4_block"), ("snip+switch@1", "bf16"), ("tail+switch@1", "bf16")):
+        data = contrast(runs, a, b)
+        summary = {d: decompose({key: v[d] for key, v in data.items()}) for d in DOMAINS}
+        lower = sum(v["val_loss"] < 0 for v in data.values())
+        print(f"| `{a}` − `{b}` | {verdict(summary, a, b)} | "
+              + " | ".join(f"{r['mean']:+.4f} ± {r['se']:.4f} ({r['mean'] / r['se']:+.1f} SE)" for r in summary.values())
+              + f" | {lower} of {len(data)}; median {statistics.median(v['val_loss'] for v in data.values()):+.4f} |")
+    print(f"\n## Share of uniform `fp4_block`'s gap to BF16 recovered (goal: ≥ {goal_1x.GOAL_SHARE})\n")
+    print("| arm | " + " | ".join(f"`{d}`" for d in DOMAINS) + " |\n|---|" + "---|" * len(DOMAINS))
+    for arm in (*NEW.values(), "snip+switch", "tail+switch", "snip"):
+        print(f"| `{arm}` | " + " | ".join(goal_1x.mean_se(goal_1x.recovered(runs, arm, d)) for d in DOMAINS) + " |")
+
+    print("\n## The split at orders 0-1 (forward_split's definitions; references: its reported-seed reruns)\n")
+    sources = [(FS / f"results_fsr_o{k}_{kind}.jsonl", k) for k in SPLIT_ORDERS for kind in ("plan", "run")]
+    recs = records(sources, {p: p for p in ("bf16", "tail+switch", "snip+switch")})
+    recs |= records([(HERE / f"results_fw_o{k}.jsonl", k) for k in SPLIT_ORDERS], NEW)
+    keys = whole(recs, [(b, k) for b in goal_1x.BASES for k in SPLIT_ORDERS])
+    if not keys:
+        print("No (base, order) with every arm's evaluations: no split.")
+        return
+
+    def where(arm: str) -> Path:
+        return HERE / "evals_fw" if arm in NEW.values() else FS / "evals_rep"
+
+    n, worst = own_plan_check({a: recs[a] for a in NEW.values()}, keys, HERE / "evals_fw")
+    print(f"Check: the new arms' re-evaluations in their own plans against their records, largest |difference| "
+          f"over {n} losses: {worst:.2e}.\n")
+    parts = split(recs, keys, where)
+    report(parts, keys, (("snip+switch@1", "snip+switch"), ("tail+switch@1", "tail+switch"),
+                         ("snip+switch@1", "tail+switch@1")), counts({a: recs[a] for a in parts}, keys, where))
+
+
+if __name__ == "__main__":
+    main()
