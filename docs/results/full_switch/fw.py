@@ -7,8 +7,8 @@
 
 Reads ``results_fw_o<k>.jsonl`` (both new arms), ``results_fwc.jsonl`` (the check: this commit's
 ``snip+switch`` at the default grid on bases 1-2, order 0, against goal_1x's record), goal_1x's records,
-``plans/o<k>_<run>_step_<N>.json`` (every plan of every new run and check run: the schedule and the
-modelled GEMM time) and for the split ``evals_fw/o<k>_<run>_{checkpoint,bf16,plan}.json`` with
+``plans/o<k>_<run>_step_<N>.json`` (every plan of every new run; the check runs' as
+``plans/check_<run>_step_<N>.json``: the schedule and the modelled GEMM time) and for the split ``evals_fw/o<k>_<run>_{checkpoint,bf16,plan}.json`` with
 ``../forward_split/``'s reported-seed reruns and ``evals_rep/`` (orders 0-1). Contrasts, their
 decomposition and reading are goal.py's and replicas.py's, the recovered share goal_1x.py's and the split
 forward_split.py's (imported: one place); the modelled time is the comparison report's.
@@ -65,28 +65,25 @@ def load() -> dict[str, dict[tuple[int, int], dict[str, float]]]:
     return {arm: {key: v for key, v in per.items() if key[1] in orders} for arm, per in runs.items()}
 
 
-def run_plans(order: int, record: dict) -> list[tuple[int, Path]]:
-    """(start step, plan file) of every plan one run recorded, in step order."""
-    files = sorted(PLANS.glob(f"o{order}_{record['name']}_step_*.json"))
+def run_plans(prefix: str, record: dict) -> list[tuple[int, Path]]:
+    """(start step, plan file) of every plan one run recorded (``plans/<prefix>_<run>_step_<N>.json``), in step order."""
+    files = sorted(PLANS.glob(f"{prefix}_{record['name']}_step_*.json"))
     return [(int(f.stem.rsplit("_", 1)[1]), f) for f in files]
 
 
-def schedule_and_time(sources: list[tuple[Path, int]], label: dict[str, str]) -> None:
-    """Per arm: the allocation its first policy plan recorded, each interval's FP4 share as run, the last
+def schedule_and_time(sources: list[tuple[Path, str]], label: dict[str, str]) -> None:
+    """A table row per arm: the allocation its first policy plan recorded, each interval's FP4 share as run, the last
     plan's GEMMs in FP4 by kind, and the modelled linear-GEMM time over the continuation at B200's ratios
-    (each plan weighted by the steps it ran, BF16 warm-up included: the comparison report's model)."""
-    print("## What the runs spent (from their recorded plans)\n")
-    print("| arm | runs | allocation at step 20 | FP4 share over the continuation | last plan's GEMMs in FP4 "
-          "(fprop, dgrad, wgrad; mean over runs) | modelled GEMM time / BF16 (B200) |")
-    print("|---|---|---|---|---|---|")
+    (each plan weighted by the steps it ran, BF16 warm-up included: the comparison report's model).
+    ``sources``: (results.jsonl, the prefix of its runs' plan files)."""
     for policy, arm in label.items():
-        recs = [(k, r) for path, k in sources for line in (path.read_text().splitlines() if path.is_file() else [])
+        recs = [(prefix, r) for path, prefix in sources for line in (path.read_text().splitlines() if path.is_file() else [])
                 if (r := json.loads(line))["policy"] == policy and r["status"] == "ok"]
         if not recs:
             continue
         schedules, times, kinds, per_kind = Counter(), [], Counter(), 0
-        for k, r in recs:
-            plans = run_plans(k, r)
+        for prefix, r in recs:
+            plans = run_plans(prefix, r)
             first = json.loads(plans[1][1].read_text())["extra"]
             schedules[first["budget_schedule"]] += 1
             cfg = config_from_dict(r["config"])
@@ -101,13 +98,17 @@ def schedule_and_time(sources: list[tuple[Path, int]], label: dict[str, str]) ->
         print(f"| `{arm}` | {n} | " + "; ".join(f"`{s}` ({c})" for s, c in schedules.most_common()) + f" | {', '.join(shares)} | "
               + ", ".join(f"{kinds[g] / n:.1f}" for g in ("fprop", "dgrad", "wgrad"))
               + f" of {per_kind} each | {min(times):.4f}-{max(times):.4f} |")
-    print()
 
 
 def main() -> None:
     check()
-    schedule_and_time([(HERE / "results_fwc.jsonl", 0)], {"snip+switch": "snip+switch (check, grid top 0.95)"})
-    schedule_and_time([(HERE / f"results_fw_o{k}.jsonl", k) for k in ORDERS], NEW)
+    print("## What the runs spent (from their recorded plans)\n")
+    print("| arm | runs | allocation at step 20 | FP4 share over the continuation | last plan's GEMMs in FP4 "
+          "(fprop, dgrad, wgrad; mean over runs) | modelled GEMM time / BF16 (B200) |")
+    print("|---|---|---|---|---|---|")
+    schedule_and_time([(HERE / "results_fwc.jsonl", "check")], {"snip+switch": "snip+switch (check, grid top 0.95)"})
+    schedule_and_time([(HERE / f"results_fw_o{k}.jsonl", f"o{k}") for k in ORDERS], NEW)
+    print()
     runs = load()
     orders = sorted({k for _, k in runs[NEW["snip+switch"]]})
     print(f"Whole orders: {orders} (of {list(ORDERS)}); every arm's runs: "
