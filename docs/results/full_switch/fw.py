@@ -65,17 +65,26 @@ def load() -> dict[str, dict[tuple[int, int], dict[str, float]]]:
     return {arm: {key: v for key, v in per.items() if key[1] in orders} for arm, per in runs.items()}
 
 
-def run_plans(prefix: str, record: dict) -> list[tuple[int, Path]]:
-    """(start step, plan file) of every plan one run recorded (``plans/<prefix>_<run>_step_<N>.json``), in step order."""
-    files = sorted(PLANS.glob(f"{prefix}_{record['name']}_step_*.json"))
+def run_plans(prefix: str, record: dict, folder: Path = PLANS) -> list[tuple[int, Path]]:
+    """(start step, plan file) of every plan one run recorded (``<folder>/<prefix>_<run>_step_<N>.json``), in step order."""
+    files = sorted(folder.glob(f"{prefix}_{record['name']}_step_*.json"))
     return [(int(f.stem.rsplit("_", 1)[1]), f) for f in files]
+
+
+def modelled_time(plans: list[tuple[int, Path]], record: dict) -> float:
+    """Modelled linear-GEMM time of one run over the same GEMMs in BF16 at B200's ratios (the comparison
+    report's ``blackwell_costs``): each of its ``plans`` ((start step, file), in step order) weighted by the
+    steps it ran, BF16 warm-up included."""
+    cfg = config_from_dict(record["config"])
+    costs = blackwell_costs(record["formats"])
+    ends = [s for s, _ in plans[1:]] + [record["steps"]]
+    return sum((b - a) * modeled_time_ratio(p, cfg, costs) for (a, p), b in zip(plans, ends)) / record["steps"]
 
 
 def schedule_and_time(sources: list[tuple[Path, str]], label: dict[str, str]) -> None:
     """A table row per arm: the allocation its first policy plan recorded, each interval's FP4 share as run, the last
     plan's GEMMs in FP4 by kind, and the modelled linear-GEMM time over the continuation at B200's ratios
-    (each plan weighted by the steps it ran, BF16 warm-up included: the comparison report's model).
-    ``sources``: (results.jsonl, the prefix of its runs' plan files)."""
+    (``modelled_time``). ``sources``: (results.jsonl, the prefix of its runs' plan files)."""
     for policy, arm in label.items():
         recs = [(prefix, r) for path, prefix in sources for line in (path.read_text().splitlines() if path.is_file() else [])
                 if (r := json.loads(line))["policy"] == policy and r["status"] == "ok"]
@@ -86,10 +95,7 @@ def schedule_and_time(sources: list[tuple[Path, str]], label: dict[str, str]) ->
             plans = run_plans(prefix, r)
             first = json.loads(plans[1][1].read_text())["extra"]
             schedules[first["budget_schedule"]] += 1
-            cfg = config_from_dict(r["config"])
-            costs = blackwell_costs(r["formats"])
-            ends = [s for s, _ in plans[1:]] + [r["steps"]]
-            times.append(sum((b - a) * modeled_time_ratio(p, cfg, costs) for (a, p), b in zip(plans, ends)) / r["steps"])
+            times.append(modelled_time(plans, r))
             last = json.loads(plans[-1][1].read_text())["entries"]
             kinds.update(g.rsplit(".", 1)[1] for g, f in last.items() if f in FP4_FORMATS)
             per_kind = sum(g.endswith(".fprop") for g in last)

@@ -51,8 +51,9 @@ def mean_se(xs: list[float]) -> str:
     return f"{statistics.fmean(xs):.2f} ± {statistics.stdev(xs) / len(xs) ** 0.5:.2f}"
 
 
-def main() -> None:
-    runs = load()
+def tables(runs) -> None:
+    """Print the claims' tables (markdown) for ``runs`` (arm -> {(base, order): final losses}, the arms of
+    ``ARMS``): the contrasts, each arm against BF16 and the recovered shares."""
     orders = sorted({k for _, k in runs["bf16"]})
     print(f"Whole orders: {orders if orders else 'none'} (of {list(ORDERS)}).\n")
     if len(orders) < 2:
@@ -77,6 +78,10 @@ def main() -> None:
         short = GOAL_SHARE - statistics.fmean(shares["val_loss"])
         print(f"| `{arm}` | " + " | ".join(mean_se(s) for s in shares.values())
               + f" | {'met' if short <= 0 else f'{short:.2f} short'} |")
+
+
+def main() -> None:
+    tables(load())
 
 
 if __name__ == "__main__":
