@@ -23,7 +23,7 @@ for folder in ("replicas", "goal_replicas", "goal_1x", "forward_split"):
 import goal_1x  # the goal test at 1.66M: its records, arms and recovered share
 from forward_split import counts, own_plan_check, records, report, split, whole
 from goal import contrast, verdict
-from replicas import DOMAINS, decompose, finals
+from replicas import DOMAINS, decompose
 
 ORDERS = range(4)
 ARM = "depth"
@@ -31,28 +31,15 @@ SPLIT_ORDERS = (0, 1)
 FS = RESULTS / "forward_split"
 
 
-def check() -> None:
-    """This commit's ``tail+switch`` on bases 1-2, order 0, against goal_1x's record of the same run."""
-    now = finals(HERE / "results_drc.jsonl", "tail+switch")
-    ref = finals(RESULTS / "goal_1x" / "results_g1_o0_run.jsonl", "tail+switch")
-    same = bool(now) and all(now[s] == ref[s] for s in now)
-    print(f"Check: this commit's `tail+switch` on bases {', '.join(map(str, sorted(now)))}, order 0, against "
-          f"goal_1x's records ({sum(len(v) for v in now.values())} final losses): "
-          f"{'identical' if same else 'DIFFERENT'}.\n")
-
-
-def load() -> dict[str, dict[tuple[int, int], dict[str, float]]]:
-    """goal_1x's arms and ``depth``: arm -> {(base, order): final losses}, orders every arm finished on every base."""
-    runs = {arm: {(s, k): f for k in ORDERS for s, f in finals(RESULTS / "goal_1x" / f"results_g1_o{k}_{kind}.jsonl",
-                                                                arm).items()}
-            for arm, kind in goal_1x.ARMS.items()}
-    runs[ARM] = {(s, k): f for k in ORDERS for s, f in finals(HERE / f"results_dr_o{k}.jsonl", "snip").items()}
-    orders = [k for k in ORDERS if all((b, k) in per for per in runs.values() for b in goal_1x.BASES)]
-    return {arm: {key: v for key, v in per.items() if key[1] in orders} for arm, per in runs.items()}
+def load() -> goal_1x.Runs:
+    """goal_1x's arms and ``depth``, orders every arm finished on every base."""
+    runs = {arm: goal_1x.arm_runs(arm, lambda k, arm=arm: goal_1x.records_path(arm, k)) for arm in goal_1x.ARMS}
+    runs[ARM] = goal_1x.arm_runs("snip", lambda k: HERE / f"results_dr_o{k}.jsonl")
+    return goal_1x.whole_orders(runs)
 
 
 def main() -> None:
-    check()
+    goal_1x.check_against_records("this commit's `tail+switch`", HERE / "results_drc.jsonl", "tail+switch")
     runs = load()
     orders = sorted({k for _, k in runs[ARM]})
     print(f"Whole orders: {orders} (of {list(ORDERS)}); every arm's runs: "

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 import goal_1x  # the goal test at 1.66M: its records, arms and recovered share
 from forward_split import counts, own_plan_check, records, report, split, whole
 from goal import contrast, verdict
-from replicas import DOMAINS, decompose, finals
+from replicas import DOMAINS, decompose
 
 from experiments.comparison.report import blackwell_costs, modeled_time_ratio
 from megatron_snip.config.toml_io import config_from_dict
@@ -44,25 +44,12 @@ FS = RESULTS / "forward_split"
 PLANS = HERE / "plans"
 
 
-def check() -> None:
-    """This commit's ``snip+switch`` (default grid) on bases 1-2, order 0, against goal_1x's record of the same run."""
-    now = finals(HERE / "results_fwc.jsonl", "snip+switch")
-    ref = finals(RESULTS / "goal_1x" / "results_g1_o0_run.jsonl", "snip+switch")
-    same = bool(now) and all(now[s] == ref[s] for s in now)
-    print(f"Check: this commit's `snip+switch` at the default share grid on bases {', '.join(map(str, sorted(now)))}, "
-          f"order 0, against goal_1x's records ({sum(len(v) for v in now.values())} final losses): "
-          f"{'identical' if same else 'DIFFERENT'}.\n")
-
-
-def load() -> dict[str, dict[tuple[int, int], dict[str, float]]]:
-    """goal_1x's arms and the new ones: arm -> {(base, order): final losses}, orders every arm finished on every base."""
-    runs = {arm: {(s, k): f for k in ORDERS for s, f in finals(RESULTS / "goal_1x" / f"results_g1_o{k}_{kind}.jsonl",
-                                                                arm).items()}
-            for arm, kind in goal_1x.ARMS.items()}
+def load() -> goal_1x.Runs:
+    """goal_1x's arms and the new ones, orders every arm finished on every base."""
+    runs = {arm: goal_1x.arm_runs(arm, lambda k, arm=arm: goal_1x.records_path(arm, k)) for arm in goal_1x.ARMS}
     for policy, arm in NEW.items():
-        runs[arm] = {(s, k): f for k in ORDERS for s, f in finals(HERE / f"results_fw_o{k}.jsonl", policy).items()}
-    orders = [k for k in ORDERS if all((b, k) in per for per in runs.values() for b in goal_1x.BASES)]
-    return {arm: {key: v for key, v in per.items() if key[1] in orders} for arm, per in runs.items()}
+        runs[arm] = goal_1x.arm_runs(policy, lambda k: HERE / f"results_fw_o{k}.jsonl")
+    return goal_1x.whole_orders(runs)
 
 
 def run_plans(prefix: str, record: dict, folder: Path = PLANS) -> list[tuple[int, Path]]:
@@ -107,7 +94,8 @@ def schedule_and_time(sources: list[tuple[Path, str]], label: dict[str, str]) ->
 
 
 def main() -> None:
-    check()
+    goal_1x.check_against_records("this commit's `snip+switch` at the default share grid", HERE / "results_fwc.jsonl",
+                                  "snip+switch")
     print("## What the runs spent (from their recorded plans)\n")
     print("| arm | runs | allocation at step 20 | FP4 share over the continuation | last plan's GEMMs in FP4 "
           "(fprop, dgrad, wgrad; mean over runs) | modelled GEMM time / BF16 (B200) |")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -31,13 +32,37 @@ ARMS = {"bf16": "plan", "uniform:fp4_block": "plan", "snip": "plan", "tail+switc
 GOAL_SHARE = 0.8  # issue #33: recover ≥ 80% of uniform FP4's gap to BF16
 
 
-def load() -> dict[str, dict[tuple[int, int], dict[str, float]]]:
-    """arm -> {(base seed, order): final losses}, whole orders only."""
-    runs = {arm: {(seed, k): final for k in ORDERS
-                  for seed, final in finals(HERE / f"results_g1_o{k}_{kind}.jsonl", arm).items()}
-            for arm, kind in ARMS.items()}
-    whole = [k for k in ORDERS if all((b, k) in runs[arm] for arm in ARMS for b in BASES)]
+Runs = dict[str, dict[tuple[int, int], dict[str, float]]]  # arm -> {(base seed, order): final losses}
+
+
+def records_path(arm: str, order: int) -> Path:
+    """This study's records of ``arm`` (one of ``ARMS``) at data order ``order``."""
+    return HERE / f"results_g1_o{order}_{ARMS[arm]}.jsonl"
+
+
+def arm_runs(policy: str, path: Callable[[int], Path]) -> dict[tuple[int, int], dict[str, float]]:
+    """{(base seed, order): final losses} of ``policy``'s finished runs in ``path(order)`` for every order."""
+    return {(seed, k): final for k in ORDERS for seed, final in finals(path(k), policy).items()}
+
+
+def whole_orders(runs: Runs) -> Runs:
+    """``runs`` on the orders every arm finished on every base (the protocols' whole orders)."""
+    whole = [k for k in ORDERS if all((b, k) in per for per in runs.values() for b in BASES)]
     return {arm: {key: v for key, v in per.items() if key[1] in whole} for arm, per in runs.items()}
+
+
+def load() -> Runs:
+    """This study's arms, whole orders only."""
+    return whole_orders({arm: arm_runs(arm, lambda k, arm=arm: records_path(arm, k)) for arm in ARMS})
+
+
+def check_against_records(what: str, path: Path, policy: str) -> None:
+    """Print whether the final losses of ``policy`` in ``path`` (a check rerun, order 0) equal this study's
+    records of the same runs bit for bit."""
+    now, ref = finals(path, policy), finals(records_path(policy, 0), policy)
+    same = bool(now) and all(now[s] == ref[s] for s in now)
+    print(f"Check: {what} on bases {', '.join(map(str, sorted(now)))}, order 0, against goal_1x's records "
+          f"({sum(len(v) for v in now.values())} final losses): {'identical' if same else 'DIFFERENT'}.\n")
 
 
 def recovered(runs, arm: str, dom: str) -> list[float]:

@@ -24,27 +24,18 @@ for folder in ("replicas", "goal_replicas", "goal_1x", "full_switch"):
     sys.path.insert(0, str(RESULTS / folder))
 import goal_1x  # the design, its tables and its references
 from fw import modelled_time, run_plans
-from replicas import finals
 
 REFERENCES = ("bf16", "uniform:fp4_block")  # goal_1x's runs: no ρ in them
 
 
-def check() -> None:
-    """This commit's BF16 and uniform runs at ρ = 0.8's flags on bases 1-2, order 0, against goal_1x's records."""
-    for arm in REFERENCES:
-        now = finals(HERE / "results_g8c.jsonl", arm)
-        ref = finals(RESULTS / "goal_1x" / "results_g1_o0_plan.jsonl", arm)
-        same = bool(now) and all(now[s] == ref[s] for s in now)
-        print(f"Check: `{arm}` at this study's flags on bases {', '.join(map(str, sorted(now)))}, order 0, against "
-              f"goal_1x's records ({sum(len(v) for v in now.values())} final losses): {'identical' if same else 'DIFFERENT'}.\n")
+def records_path(arm: str, order: int) -> Path:
+    """Where ``arm``'s records at ``order`` are: the ρ-free references goal_1x's, the others this study's."""
+    return goal_1x.records_path(arm, order) if arm in REFERENCES else HERE / f"results_g8_o{order}_{goal_1x.ARMS[arm]}.jsonl"
 
 
-def load() -> dict[str, dict[tuple[int, int], dict[str, float]]]:
-    """arm -> {(base, order): final losses} for goal_1x's arms, the ρ-free references from goal_1x."""
-    def path(arm: str, k: int) -> Path:
-        kind = goal_1x.ARMS[arm]
-        return RESULTS / "goal_1x" / f"results_g1_o{k}_{kind}.jsonl" if arm in REFERENCES else HERE / f"results_g8_o{k}_{kind}.jsonl"
-    return {arm: {(s, k): f for k in goal_1x.ORDERS for s, f in finals(path(arm, k), arm).items()} for arm in goal_1x.ARMS}
+def load() -> goal_1x.Runs:
+    """goal_1x's arms at ρ = 0.8 (references from goal_1x), orders every arm finished on every base."""
+    return goal_1x.whole_orders({arm: goal_1x.arm_runs(arm, lambda k, arm=arm: records_path(arm, k)) for arm in goal_1x.ARMS})
 
 
 def spent() -> None:
@@ -53,10 +44,10 @@ def spent() -> None:
     print("## What the runs spent (from their records and recorded plans)\n")
     print("| arm | runs | FP4 share over the continuation | last plan's FP4 share | modelled GEMM time / BF16 (B200) |")
     print("|---|---|---|---|---|")
-    for arm, kind in goal_1x.ARMS.items():
+    for arm in goal_1x.ARMS:
         if arm in REFERENCES:
             continue
-        recs = [(k, r) for k in goal_1x.ORDERS if (p := HERE / f"results_g8_o{k}_{kind}.jsonl").is_file()
+        recs = [(k, r) for k in goal_1x.ORDERS if (p := records_path(arm, k)).is_file()
                 for r in map(json.loads, p.read_text().splitlines()) if r["policy"] == arm and r["status"] == "ok"]
         if not recs:
             continue
@@ -67,11 +58,10 @@ def spent() -> None:
 
 
 def main() -> None:
-    check()
+    for arm in REFERENCES:
+        goal_1x.check_against_records(f"`{arm}` at this study's flags", HERE / "results_g8c.jsonl", arm)
     spent()
-    runs = load()
-    whole = [k for k in goal_1x.ORDERS if all((b, k) in per for per in runs.values() for b in goal_1x.BASES)]
-    goal_1x.tables({arm: {key: v for key, v in per.items() if key[1] in whole} for arm, per in runs.items()})
+    goal_1x.tables(load())
 
 
 if __name__ == "__main__":
