@@ -76,7 +76,7 @@ def mean_se(xs: list[float]) -> str:
     return f"{statistics.fmean(xs):.2f} ± {statistics.stdev(xs) / len(xs) ** 0.5:.2f}"
 
 
-def tables(runs) -> None:
+def tables(runs: Runs) -> None:
     """Print the claims' tables (markdown) for ``runs`` (arm -> {(base, order): final losses}, the arms of
     ``ARMS``): the contrasts, each arm against BF16 and the recovered shares."""
     orders = sorted({k for _, k in runs["bf16"]})
