@@ -22,8 +22,6 @@ for folder in ("replicas", "goal_replicas", "goal_1x", "forward_split"):
     sys.path.insert(0, str(RESULTS / folder))
 import goal_1x  # the goal test at 1.66M: its records, arms and recovered share
 from forward_split import counts, own_plan_check, records, report, split, whole
-from goal import contrast, verdict
-from replicas import DOMAINS, decompose
 
 ORDERS = range(4)
 ARM = "depth"
@@ -47,20 +45,9 @@ def main() -> None:
     if len(orders) < 2:
         print("Fewer than two whole orders: no claim (protocol_rep.md).")
         return
-    print(f"## `{ARM}` − each arm (mean over the 4 bases of their means over orders ± SE over the bases)\n")
-    print("| A − B | verdict | " + " | ".join(f"`{d}`" for d in DOMAINS) + " | pairs with A lower (training) |")
-    print("|---|---|" + "---|" * len(DOMAINS) + "---|")
-    for b in ("tail+switch", "snip", "snip+switch", "uniform:fp4_block", "bf16"):
-        data = contrast(runs, ARM, b)
-        summary = {d: decompose({key: v[d] for key, v in data.items()}) for d in DOMAINS}
-        lower = sum(v["val_loss"] < 0 for v in data.values())
-        print(f"| `{ARM}` − `{b}` | {verdict(summary, ARM, b)} | "
-              + " | ".join(f"{r['mean']:+.4f} ± {r['se']:.4f} ({r['mean'] / r['se']:+.1f} SE)" for r in summary.values())
-              + f" | {lower} of {len(data)} |")
-    print(f"\n## Share of uniform `fp4_block`'s gap to BF16 recovered (goal: ≥ {goal_1x.GOAL_SHARE})\n")
-    print("| arm | " + " | ".join(f"`{d}`" for d in DOMAINS) + " |\n|---|" + "---|" * len(DOMAINS))
-    for arm in (ARM, "snip", "tail+switch", "snip+switch"):
-        print(f"| `{arm}` | " + " | ".join(goal_1x.mean_se(goal_1x.recovered(runs, arm, d)) for d in DOMAINS) + " |")
+    goal_1x.contrast_table(runs, [(ARM, b) for b in ("tail+switch", "snip", "snip+switch", "uniform:fp4_block", "bf16")],
+                           f"`{ARM}` − each arm")
+    goal_1x.recovered_table(runs, (ARM, "snip", "tail+switch", "snip+switch"))
 
     print("\n## The split at orders 0-1 (forward_split's definitions; references: its reported-seed reruns)\n")
     sources = [(FS / f"results_fsr_o{k}_{kind}.jsonl", k) for k in SPLIT_ORDERS for kind in ("plan", "run")]

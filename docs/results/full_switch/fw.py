@@ -17,7 +17,6 @@ forward_split.py's (imported: one place); the modelled time is the comparison re
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from collections import Counter
 from pathlib import Path
@@ -30,8 +29,6 @@ for folder in ("replicas", "goal_replicas", "goal_1x", "forward_split"):
 sys.path.insert(0, str(ROOT))
 import goal_1x  # the goal test at 1.66M: its records, arms and recovered share
 from forward_split import counts, own_plan_check, records, report, split, whole
-from goal import contrast, verdict
-from replicas import DOMAINS, decompose
 
 from experiments.comparison.report import blackwell_costs, modeled_time_ratio
 from megatron_snip.config.toml_io import config_from_dict
@@ -110,22 +107,12 @@ def main() -> None:
     if len(orders) < 2:
         print("Fewer than two whole orders: no claim (protocol.md).")
         return
-    print("## Contrasts A − B (mean over the 4 bases of their means over orders ± SE over the bases)\n")
-    print("| A − B | verdict | " + " | ".join(f"`{d}`" for d in DOMAINS) + " | pairs with A lower (training) |")
-    print("|---|---|" + "---|" * len(DOMAINS) + "---|")
-    for a, b in (("snip+switch@1", "snip+switch"), ("tail+switch@1", "tail+switch"), ("snip+switch@1", "tail+switch@1"),
-                 ("snip+switch@1", "tail+switch"), ("snip+switch@1", "snip"), ("tail+switch@1", "snip"),
-                 ("snip+switch@1", "uniform:fp4_block"), ("snip+switch@1", "bf16"), ("tail+switch@1", "bf16")):
-        data = contrast(runs, a, b)
-        summary = {d: decompose({key: v[d] for key, v in data.items()}) for d in DOMAINS}
-        lower = sum(v["val_loss"] < 0 for v in data.values())
-        print(f"| `{a}` − `{b}` | {verdict(summary, a, b)} | "
-              + " | ".join(f"{r['mean']:+.4f} ± {r['se']:.4f} ({r['mean'] / r['se']:+.1f} SE)" for r in summary.values())
-              + f" | {lower} of {len(data)}; median {statistics.median(v['val_loss'] for v in data.values()):+.4f} |")
-    print(f"\n## Share of uniform `fp4_block`'s gap to BF16 recovered (goal: ≥ {goal_1x.GOAL_SHARE})\n")
-    print("| arm | " + " | ".join(f"`{d}`" for d in DOMAINS) + " |\n|---|" + "---|" * len(DOMAINS))
-    for arm in (*NEW.values(), "snip+switch", "tail+switch", "snip"):
-        print(f"| `{arm}` | " + " | ".join(goal_1x.mean_se(goal_1x.recovered(runs, arm, d)) for d in DOMAINS) + " |")
+    goal_1x.contrast_table(runs, (("snip+switch@1", "snip+switch"), ("tail+switch@1", "tail+switch"),
+                                  ("snip+switch@1", "tail+switch@1"), ("snip+switch@1", "tail+switch"),
+                                  ("snip+switch@1", "snip"), ("tail+switch@1", "snip"),
+                                  ("snip+switch@1", "uniform:fp4_block"), ("snip+switch@1", "bf16"),
+                                  ("tail+switch@1", "bf16")), "Contrasts A − B", median=True)
+    goal_1x.recovered_table(runs, (*NEW.values(), "snip+switch", "tail+switch", "snip"))
 
     print("\n## The split at orders 0-1 (forward_split's definitions; references: its reported-seed reruns)\n")
     sources = [(FS / f"results_fsr_o{k}_{kind}.jsonl", k) for k in SPLIT_ORDERS for kind in ("plan", "run")]

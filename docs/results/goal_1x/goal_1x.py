@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "replicas"))
 sys.path.insert(0, str(HERE.parent / "goal_replicas"))
-from goal import base_means, contrast, report  # the goal test's contrasts, rules and tables
+from goal import base_means, contrast, report, verdict  # the goal test's contrasts, rules and tables
 from replicas import DOMAINS, decompose, finals
 
 ORDERS = range(4)
@@ -74,6 +74,31 @@ def recovered(runs, arm: str, dom: str) -> list[float]:
 def mean_se(xs: list[float]) -> str:
     """Mean ± SE over bases, as the results pages print recovered shares."""
     return f"{statistics.fmean(xs):.2f} ± {statistics.stdev(xs) / len(xs) ** 0.5:.2f}"
+
+
+def contrast_table(runs: Runs, pairs: Iterable[tuple[str, str]], title: str, median: bool = False) -> None:
+    """Print one row per (A, B) of ``pairs``: goal.py's verdict, each domain's A − B (mean over the bases of
+    their means over orders ± SE over the bases), the pairs with A lower on the training domain and, with
+    ``median``, their median d."""
+    print(f"## {title} (mean over the 4 bases of their means over orders ± SE over the bases)\n")
+    print("| A − B | verdict | " + " | ".join(f"`{d}`" for d in DOMAINS) + " | pairs with A lower (training) |")
+    print("|---|---|" + "---|" * len(DOMAINS) + "---|")
+    for a, b in pairs:
+        data = contrast(runs, a, b)
+        summary = {d: decompose({key: v[d] for key, v in data.items()}) for d in DOMAINS}
+        lower = sum(v["val_loss"] < 0 for v in data.values())
+        tail = f"; median {statistics.median(v['val_loss'] for v in data.values()):+.4f}" if median else ""
+        print(f"| `{a}` − `{b}` | {verdict(summary, a, b)} | "
+              + " | ".join(f"{r['mean']:+.4f} ± {r['se']:.4f} ({r['mean'] / r['se']:+.1f} SE)" for r in summary.values())
+              + f" | {lower} of {len(data)}{tail} |")
+
+
+def recovered_table(runs: Runs, arms: Iterable[str]) -> None:
+    """Print each of ``arms``' share of uniform's gap to BF16 recovered, per domain (mean ± SE over the bases)."""
+    print(f"\n## Share of uniform `fp4_block`'s gap to BF16 recovered (goal: ≥ {GOAL_SHARE})\n")
+    print("| arm | " + " | ".join(f"`{d}`" for d in DOMAINS) + " |\n|---|" + "---|" * len(DOMAINS))
+    for arm in arms:
+        print(f"| `{arm}` | " + " | ".join(mean_se(recovered(runs, arm, d)) for d in DOMAINS) + " |")
 
 
 def tables(runs: Runs) -> None:
