@@ -65,10 +65,10 @@ def modelled_time(plans: list[tuple[int, Path]], record: dict) -> float:
     return sum((b - a) * modeled_time_ratio(p, cfg, costs) for (a, p), b in zip(plans, ends)) / record["steps"]
 
 
-def schedule_and_time(sources: list[tuple[Path, str]], label: dict[str, str]) -> None:
+def schedule_and_time(sources: list[tuple[Path, str]], label: dict[str, str], folder: Path = PLANS) -> None:
     """A table row per arm: the allocation its first policy plan recorded, each interval's FP4 share as run, the last
     plan's GEMMs in FP4 by kind, and the modelled linear-GEMM time over the continuation at B200's ratios
-    (``modelled_time``). ``sources``: (results.jsonl, the prefix of its runs' plan files)."""
+    (``modelled_time``). ``sources``: (results.jsonl, the prefix of its runs' plan files in ``folder``)."""
     for policy, arm in label.items():
         recs = [(prefix, r) for path, prefix in sources for line in (path.read_text().splitlines() if path.is_file() else [])
                 if (r := json.loads(line))["policy"] == policy and r["status"] == "ok"]
@@ -76,7 +76,7 @@ def schedule_and_time(sources: list[tuple[Path, str]], label: dict[str, str]) ->
             continue
         schedules, times, kinds, per_kind = Counter(), [], Counter(), 0
         for prefix, r in recs:
-            plans = run_plans(prefix, r)
+            plans = run_plans(prefix, r, folder)
             first = json.loads(plans[1][1].read_text())["extra"]
             schedules[first["budget_schedule"]] += 1
             times.append(modelled_time(plans, r))
@@ -101,11 +101,7 @@ def main() -> None:
     schedule_and_time([(HERE / f"results_fw_o{k}.jsonl", f"o{k}") for k in ORDERS], NEW)
     print()
     runs = load()
-    orders = sorted({k for _, k in runs[NEW["snip+switch"]]})
-    print(f"Whole orders: {orders} (of {list(ORDERS)}); every arm's runs: "
-          + ", ".join(f"`{a}` {len(v)}" for a, v in runs.items()) + ".\n")
-    if len(orders) < 2:
-        print("Fewer than two whole orders: no claim (protocol.md).")
+    if not goal_1x.enough_orders(runs, NEW["snip+switch"]):
         return
     goal_1x.contrast_table(runs, (("snip+switch@1", "snip+switch"), ("tail+switch@1", "tail+switch"),
                                   ("snip+switch@1", "tail+switch@1"), ("snip+switch@1", "tail+switch"),

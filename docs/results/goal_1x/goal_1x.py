@@ -56,13 +56,26 @@ def load() -> Runs:
     return whole_orders({arm: arm_runs(arm, lambda k, arm=arm: records_path(arm, k)) for arm in ARMS})
 
 
-def check_against_records(what: str, path: Path, policy: str) -> None:
-    """Print whether the final losses of ``policy`` in ``path`` (a check rerun, order 0) equal this study's
-    records of the same runs bit for bit."""
-    now, ref = finals(path, policy), finals(records_path(policy, 0), policy)
-    same = bool(now) and all(now[s] == ref[s] for s in now)
-    print(f"Check: {what} on bases {', '.join(map(str, sorted(now)))}, order 0, against goal_1x's records "
+def check_against_records(what: str, path: Path, policy: str, order: int = 0, reference: Path | None = None) -> None:
+    """Print whether the final losses of ``policy`` in ``path`` (a check rerun at data order ``order``) equal
+    the records of the same runs in ``reference`` (default: this study's) bit for bit."""
+    now = finals(path, policy)
+    ref = finals(reference or records_path(policy, order), policy)
+    same = bool(now) and all(s in ref and now[s] == ref[s] for s in now)
+    source = "goal_1x's records" if reference is None else f"`{reference.parent.name}/{reference.name}`"
+    print(f"Check: {what} on bases {', '.join(map(str, sorted(now)))}, order {order}, against {source} "
           f"({sum(len(v) for v in now.values())} final losses): {'identical' if same else 'DIFFERENT'}.\n")
+
+
+def enough_orders(runs: Runs, arm: str) -> bool:
+    """Print the whole orders (``arm``'s, on ``runs`` after ``whole_orders``) and every arm's number of runs;
+    False, with the protocols' no-claim line, when fewer than two orders are whole."""
+    orders = sorted({k for _, k in runs[arm]})
+    print(f"Whole orders: {orders} (of {list(ORDERS)}); every arm's runs: "
+          + ", ".join(f"`{a}` {len(v)}" for a, v in runs.items()) + ".\n")
+    if len(orders) < 2:
+        print("Fewer than two whole orders: no claim (protocol.md).")
+    return len(orders) >= 2
 
 
 def recovered(runs, arm: str, dom: str) -> list[float]:
