@@ -17,9 +17,9 @@ for k in 0 1 2 3; do
       run=$(basename $d)
       case $run in base_seed*) continue;; esac
       grep -q "\"name\": \"$run\"" $out/results.jsonl || continue  # finished runs only
-      [ $kind = f8 ] && for p in $d/plans/step_*.json; do cp $p $HERE/plans/o${k}_${run}_$(basename $p); done
+      [ $kind = f8 ] && for p in $d/plans/step_??????.json; do cp $p $HERE/plans/o${k}_${run}_$(basename $p); done
       for e in $d/eval_*.json; do [ -f $e ] && cp $e $evals/o${k}_${run}_$(basename $e .json | sed 's/^eval_//').json; done
-      last=$(ls $d/plans/step_*.json | tail -1)
+      last=$(ls $d/plans/step_??????.json | tail -1)
       [ $k -le 1 ] && cp $last $evals/o${k}_${run}_plan.json
     done
   done
