@@ -26,7 +26,7 @@ for folder in ("replicas", "goal_replicas", "goal_1x", "forward_split", "full_sw
     sys.path.insert(0, str(RESULTS / folder))
 import goal_1x  # the design, its tables and its references
 import rho08  # the default-grid arms at ρ = 0.8
-from forward_split import counts, own_plan_check, records, report, split, whole
+from forward_split import counts, eval_file, own_plan_check, records, report, split, whole
 from fw import schedule_and_time
 
 NEW = {"tail+switch": "tail+switch@0-1", "snip+switch": "snip+switch@0-1", "snip": "snip/run@0-1"}  # policy -> arm
@@ -65,7 +65,7 @@ def splits() -> None:
     recs |= records([(ref_records(k), k) for k in SPLIT_ORDERS], {p: p for p in REFS})
     recs |= records([(new_records(k), k) for k in SPLIT_ORDERS], NEW)
     keys = [key for key in whole(recs, [(b, k) for b in goal_1x.BASES for k in SPLIT_ORDERS])
-            if all(Path(where(arm), f"o{key[1]}_{recs[arm][key]['name']}_bf16.json").is_file() for arm in recs if arm != "bf16")]
+            if all(eval_file(where(arm), key, recs[arm][key], "bf16").is_file() for arm in recs if arm != "bf16")]
     if not keys:
         print("No (base, order) with every arm's evaluations: no split.")
         return
