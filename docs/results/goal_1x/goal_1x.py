@@ -93,7 +93,8 @@ def contrast_table(runs: Runs, pairs: Iterable[tuple[str, str]], title: str, med
     """Print one row per (A, B) of ``pairs``: goal.py's verdict, each domain's A − B (mean over the bases of
     their means over orders ± SE over the bases), the pairs with A lower on the training domain and, with
     ``median``, their median d."""
-    print(f"## {title} (mean over the 4 bases of their means over orders ± SE over the bases)\n")
+    bases = len({b for per in runs.values() for b, _ in per})
+    print(f"## {title} (mean over the {bases} bases of their means over orders ± SE over the bases)\n")
     print("| A − B | verdict | " + " | ".join(f"`{d}`" for d in DOMAINS) + " | pairs with A lower (training) |")
     print("|---|---|" + "---|" * len(DOMAINS) + "---|")
     for a, b in pairs:
