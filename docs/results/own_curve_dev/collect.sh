@@ -1,20 +1,21 @@
 #!/bin/bash
-# Copy run.sh's records from its worktree ($WT) into this folder as they finish: the check's out-dir's
-# results.jsonl (results_check.jsonl), each order's (results_oc_o<k>.jsonl) and every plan of every finished
-# new run (plans/o<k>_<run>_step_<N>.json). Safe to rerun: it overwrites with the same files.
+# Copy run.sh's records from its worktree ($WT) into this folder as they finish: each out-dir's results.jsonl
+# (runs/pc4_plan as results_ocp_o0.jsonl, runs/<kind>_o<k> as results_<kind>_o<k>.jsonl) and every plan of
+# every finished continuation (plans/<kind>_o<k>_<run>_step_<N>.json). Safe to rerun: it overwrites with the
+# same files.
 set -e
 : "${WT:?set WT: the worktree run.sh runs in}"
 HERE=$(cd "$(dirname "$0")" && pwd)
 mkdir -p $HERE/plans
-[ -f $WT/runs/pc4_plan/results.jsonl ] && cp $WT/runs/pc4_plan/results.jsonl $HERE/results_check.jsonl
-for k in 0 1 2 3 4; do
-  out=$WT/runs/oc_o$k
+[ -d $WT/runs/ocp_o0 ] || ln -sfn pc4_plan $WT/runs/ocp_o0  # order 0's `snip` is step 1's out-dir
+for out in $WT/runs/oc*_o?; do
   [ -f $out/results.jsonl ] || continue
-  cp $out/results.jsonl $HERE/results_oc_o$k.jsonl
-  for d in $out/snip_*; do
-    [ -d $d ] || continue
+  name=$(basename $out)
+  cp $out/results.jsonl $HERE/results_$name.jsonl
+  for d in $out/*_seed*; do
     run=$(basename $d)
+    case $run in base_seed*) continue;; esac
     grep -q "\"name\": \"$run\"" $out/results.jsonl || continue  # finished runs only
-    for p in $d/plans/step_??????.json; do cp $p $HERE/plans/o${k}_${run}_$(basename $p); done
+    for p in $d/plans/step_??????.json; do cp $p $HERE/plans/${name}_${run}_$(basename $p); done
   done
 done

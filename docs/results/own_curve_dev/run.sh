@@ -1,13 +1,13 @@
 #!/bin/bash
-# protocol.md (registered before the new arm's runs): at 6.46M, rho = 0.9, on the development bases 11-14,
-# `snip` with the run budget over the whole share range (SNIP's own cost curve allocates the FP4 share over
-# the continuation) at data orders 0-4, against goal_dev's recorded `snip`, `tail+switch` and `snip+switch`
-# of the same bases and orders. One pair of bases per sitting (SEEDS: 11,12, then 13,14).
-# Step 1 trains the pair's bases (deterministic: each sitting on a new machine trains them again) and reruns
-# the preconditioner study's shipped `snip` at order 0 on them: the check that this commit reproduces the
-# records. Step 2 runs the new arm at orders 0-4 in turn.
-# Resumable: every out-dir is first seeded with this folder's committed records (REC: this folder in the
-# latest checkout), so finished runs are skipped and a base is trained again only if a run left needs it.
+# protocol.md (registered before the new arm's runs): at 6.46M, rho = 0.9, on development bases trained in this
+# sitting (SEEDS: a pair, 11,12 then 13,14), shipped `snip` (plan budget), NVIDIA's `tail+switch` (run budget,
+# default share grid) and `snip` with the run budget over the whole share range (SNIP's own cost curve
+# allocates the FP4 share over the continuation), at data orders 0 and 1. Every arm runs on this sitting's
+# bases: a 6.46M base does not train bit for bit alike on another machine.
+# Out-dirs: runs/pc4_plan (the bases and `snip` at order 0), runs/ocp_o<k> (`snip`, k >= 1),
+# runs/ocr_o<k> (`tail+switch`), runs/oc_o<k> (the new arm).
+# Resumable within a sitting: every out-dir is first seeded with this folder's committed records (REC: this
+# folder in the latest checkout), so finished runs are skipped.
 set -x
 : "${WT:?set WT: a worktree of the registering commit}" "${REC:?set REC: this folder in the latest checkout}"
 : "${SEEDS:?set SEEDS: the pair of bases of this sitting, 11,12 then 13,14}"
@@ -21,26 +21,26 @@ seed_records() {  # $1 = an out-dir, $2 = its committed records: their finished 
   mkdir -p $1
   [ -f $1/results.jsonl ] || [ ! -f $2 ] || cp $2 $1/results.jsonl
 }
-has_bases() {  # $1 = an out-dir: does it hold this sitting's bases' checkpoints?
-  for s in ${SEEDS//,/ }; do [ -d $1/base_seed$s/checkpoints ] || return 1; done
-}
-copy_bases() {  # $1 = the out-dir holding the bases, $2 = an arm's out-dir
+copy_bases() {  # $1 = an arm's out-dir: this sitting's bases from runs/pc4_plan, with their records
   for s in ${SEEDS//,/ }; do
-    [ -d $2/base_seed$s ] && continue
-    cp -r $1/base_seed$s $2/
-    line=$(grep "\"name\": \"base_seed$s\"" $1/results.jsonl | tail -1)
-    grep -qF "$line" $2/results.jsonl 2>/dev/null || echo "$line" >> $2/results.jsonl
+    [ -d $1/base_seed$s ] && continue
+    cp -r runs/pc4_plan/base_seed$s $1/
+    line=$(grep "\"name\": \"base_seed$s\"" runs/pc4_plan/results.jsonl | tail -1)
+    grep -qF "$line" $1/results.jsonl 2>/dev/null || echo "$line" >> $1/results.jsonl
   done
 }
+arm() {  # $1 = order, $2 = out-dir kind, $3 = policy, the rest: its --set flags
+  local k=$1 out=runs/$2_o$1 policy=$3; shift 3
+  seed_records $out $REC/results_$2_o$k.jsonl
+  copy_bases $out
+  python3 -m experiments.compare_policies $ALL $BIG $SHARE --continuation-order $k --seeds $SEEDS --policies "$policy" "$@" --out-dir $out --report $out/report.md
+}
 
-seed_records runs/pc4_plan $REC/results_check.jsonl
+seed_records runs/pc4_plan $REC/results_ocp_o0.jsonl
 python3 -m experiments.compare_policies $ALL $BIG $SHARE --seeds $SEEDS --policies snip --out-dir runs/pc4_plan --report runs/pc4_plan/report.md
-B=runs/pc4_plan  # where this sitting's bases are (an order's out-dir trains them if no earlier step did)
-for k in 0 1 2 3 4; do
-  out=runs/oc_o$k
-  seed_records $out $REC/results_oc_o$k.jsonl
-  has_bases $B && copy_bases $B $out
-  python3 -m experiments.compare_policies $ALL $BIG $SHARE --continuation-order $k --seeds $SEEDS --policies snip --set snip.budget=run --set 'snip.budget_share_range=[0.0, 1.0]' --out-dir $out --report $out/report.md
-  has_bases $B || B=$out
+for k in 0 1; do
+  arm $k oc snip --set snip.budget=run --set 'snip.budget_share_range=[0.0, 1.0]'
+  arm $k ocr tail+switch --set snip.budget=run
+  [ $k = 0 ] || arm $k ocp snip
 done
 echo ALLDONE
