@@ -23,7 +23,9 @@ Protocol (every option below has a default; ``--dry-list`` prints the resolved p
   run of N steps at constant LR (an intermediate checkpoint, kept in ``<out-dir>/base_seed<s>``);
   every policy then starts from it (weights and AdamW moments: ``training.init_from``,
   ``training.init_optimizer``) and trains ``--steps`` more with the LR decaying from its peak.
-  A base whose checkpoint is not on this machine is trained again (it is deterministic).
+  A base whose checkpoint is not on this machine is trained again: bit for bit the same on a machine
+  like the first, but another CPU (``machine`` in each record: PyTorch and its CPU capability) can train
+  it to another base, and then the driver warns that the recorded continuations do not pair with new ones.
 * **Rhos per format set**: ``--format-sets 'fp8_block,fp4_block@0.75,0.8;fp8,nvfp4@0.75,0.9'``
   runs every policy at each listed rho of its set. Runs go in order of importance: the first
   format set (with the format-free policies), then the sweep, then the other sets.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import math
 import os
+import platform
 import shlex
 import shutil
 import subprocess
@@ -60,6 +61,16 @@ def parse_run_dir(run_dir: Path) -> dict:
     return out
 
 
+def machine() -> dict[str, str]:
+    """What decides a run's float arithmetic besides its config: PyTorch's version and the CPU kernels it
+    dispatches to (``torch.backends.cpu.get_cpu_capability()``: e.g. AVX2 or AVX512). Runs of one config on
+    machines that differ here need not agree bit for bit, and a long base run can end measurably apart."""
+    import torch
+
+    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "processor": platform.processor() or platform.machine()}
+
+
 def train_command(p: Protocol, overrides: Sequence[str]) -> list[str]:
     cmd = [sys.executable, "-m", "megatron_snip.train", "--config", str(config_path(p))]
     for ov in overrides:
@@ -81,7 +92,8 @@ def execute(spec: RunSpec, p: Protocol, out_dir: Path, *, threads: int, timeout_
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "WANDB_MODE": "disabled"}
     rec = {"name": spec.name, "policy": spec.policy, "formats": None if spec.formats is None else list(spec.formats),
            "rho": spec.rho, "seed": spec.seed, "group": spec.group, "steps": steps, "threads": threads,
-           "config": resolved_config(spec, p), "command": shlex.join(cmd), "run_dir": str(run_dir)}
+           "config": resolved_config(spec, p), "command": shlex.join(cmd), "run_dir": str(run_dir),
+           "machine": machine()}
     t0 = time.perf_counter()
     with open(run_dir / "train.log", "w") as log:
         log.write(rec["command"] + "\n\n")
@@ -121,7 +133,10 @@ def run_all(specs: Sequence[RunSpec], p: Protocol, out_dir: Path, *, jobs: int, 
             keep_checkpoints: bool = False, log=print) -> list[dict]:
     """Run every spec not already done (``jobs`` at a time); append each record as it finishes.
 
-    In the continued protocol the base runs the remaining specs need are trained first."""
+    In the continued protocol the base runs the remaining specs need are trained first. A base trained
+    again (its checkpoint is not on this machine) that ends at other final losses than its record is
+    another base, and ``log`` says so: the continuations recorded from the first one do not pair with
+    the new ones."""
     results_path = out_dir / "results.jsonl"
     latest = latest_records(read_results(results_path))
     todo = [s for s in specs if not is_done(s, p, latest)]
@@ -133,11 +148,24 @@ def run_all(specs: Sequence[RunSpec], p: Protocol, out_dir: Path, *, jobs: int, 
         bases = [base_run(seed) for seed in dict.fromkeys(s.seed for s in todo)
                  if not base_ready(seed, p, out_dir, latest)]
         done = run_all_now(bases, p, out_dir, **kw)
+        for rec in done:
+            warn_if_another_base(rec, latest.get(rec["name"]), log)
         failed = {r["seed"] for r in done if r["status"] != "ok"}
         if failed:
             log(f"base run(s) of seed(s) {sorted(failed)} failed; their continuations are not run")
             todo = [s for s in todo if s.seed not in failed]
     return done + run_all_now(todo, p, out_dir, **kw)
+
+
+def warn_if_another_base(new: dict, old: dict | None, log) -> None:
+    """Log a warning if a base trained again (``new``) ended at other final losses than its earlier ok
+    record (``old``): the continuations recorded from that one started from another base."""
+    if old is None or old.get("status") != "ok" or new.get("status") != "ok" or old.get("final") == new.get("final"):
+        return
+    log(f"warning: {new['name']} trained again ended at {new.get('final')}, not at its record's {old.get('final')} "
+        f"(machines: {old.get('machine', 'not recorded')} then {new.get('machine')}); the continuations recorded "
+        f"from the earlier one started from another base and do not pair with runs from this one: put new runs "
+        f"in a fresh --out-dir, or rerun every arm there")
 
 
 def run_all_now(todo: Sequence[RunSpec], p: Protocol, out_dir: Path, *, jobs: int, threads: int, timeout_s: float,

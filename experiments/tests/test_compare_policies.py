@@ -227,6 +227,40 @@ def test_base_runs_come_first_and_again_when_their_checkpoint_is_gone(tmp_path, 
     assert len(current) == 6 and not any(r["policy"] == protocol.BASE_POLICY for r in current)  # bases: no results
 
 
+def test_a_base_trained_again_to_other_losses_is_named(tmp_path, monkeypatch):
+    """Another machine's float arithmetic can train a long base run to another base: the continuations
+    recorded from the first do not pair with new ones, and the driver says so (and only then)."""
+    p = small_protocol(seeds=(1,), policies=("bf16",), format_sets=(MX,), base_steps=3)
+    more = small_protocol(seeds=(1,), policies=("bf16", "snip"), format_sets=(MX,), base_steps=3)
+    final = {"val_loss": 1.5}
+
+    def fake_execute(spec, p_, out_dir, **kw):
+        if spec.policy == protocol.BASE_POLICY:
+            (out_dir / spec.name / "checkpoints").mkdir(parents=True, exist_ok=True)
+        return {"name": spec.name, "policy": spec.policy, "status": "ok", "seed": spec.seed, "final": dict(final),
+                "config": protocol.resolved_config(spec, p_), "wall_s": 1.0, "machine": {"cpu_capability": "AVX512"}}
+
+    monkeypatch.setattr(runner, "execute", fake_execute)
+    runner.run_all(protocol.primary_runs(p), p, tmp_path, jobs=1, threads=1, timeout_s=10, log=lambda *_: None)
+    import shutil
+    for trained_again_to, warned in ((1.5, False), (1.5 + 2.0 ** -40, True)):
+        shutil.rmtree(tmp_path / "base_seed1")  # another machine: the records came along, the run directory did not
+        kept = [r for r in store.read_results(tmp_path / "results.jsonl") if r["policy"] != "snip"]
+        (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))  # snip runs again
+        final["val_loss"] = trained_again_to
+        logged: list[str] = []
+        runner.run_all(protocol.primary_runs(more), more, tmp_path, jobs=1, threads=1, timeout_s=10, log=logged.append)
+        warnings = [m for m in logged if m.startswith("warning: base_seed1")]
+        assert len(warnings) == int(warned), logged
+    assert "1.5" in warnings[0] and "AVX512" in warnings[0] and "--out-dir" in warnings[0]
+
+
+def test_the_record_names_the_machine():
+    facts = runner.machine()
+    import torch
+    assert facts["torch"] == torch.__version__ and facts["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+
+
 def test_verdict_and_snip_against_every_policy(tmp_path):
     assert report_writer.verdict(-0.03, 0.01) == "wins" and report_writer.verdict(0.03, 0.01) == "loses"
     assert report_writer.verdict(-0.015, 0.01) == "ties" and report_writer.verdict(-0.1, float("nan")) == "—"
