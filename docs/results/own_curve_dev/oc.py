@@ -7,8 +7,8 @@ with the run budget over the whole share range (arm ``snip/run@0-1``: ``snip.bud
 
 Reads ``results_<kind>_o<k>.jsonl`` (kind ``ocp``: ``snip``, ``ocr``: ``tail+switch``, ``oc``: the new arm)
 and ``plans/<kind>_o<k>_<run>_step_<N>.json`` (every plan of every run: the schedule and the modelled GEMM
-time). A base counts when its six runs finished on one training of it (its base record the same in all six
-files). The contrasts and their reading are goal.py's (through goal_1x.py's table), the spent table
+time). A (base, order) counts when its three arms finished from one training of the base (its base record
+the same in their files). The contrasts and their reading are goal.py's (through goal_1x.py's table), the spent table
 full_switch/fw.py's, and goal_dev.py's records of the earlier bases are set beside (imported: one place each).
 """
 
@@ -44,12 +44,13 @@ def all_runs() -> goal_1x.Runs:
             for arm, (kind, policy) in KINDS.items()}
 
 
-def counted(runs: goal_1x.Runs) -> list[int]:
-    """The bases with all six runs, on one training of the base (the same base record in every file)."""
-    files = [records(kind, k) for kind, _ in KINDS.values() for k in ORDERS]
-    bases = [finals(f, "base") for f in files]
-    return [b for b in BASES if all((b, k) in per for per in runs.values() for k in ORDERS)
-            and all(b in f and f[b] == bases[0][b] for f in bases)]
+def counted(runs: goal_1x.Runs) -> list[tuple[int, int]]:
+    """The (base, order) pairs where all three arms finished from one training of the base (its record the
+    same in the files of order 0's ``snip``, where it was trained, and of the order's three arms)."""
+    trained = finals(records("ocp", 0), "base")
+    return [(b, k) for b in BASES for k in ORDERS
+            if all((b, k) in per for per in runs.values())
+            and all(finals(records(kind, k), "base").get(b) == trained[b] for kind, _ in KINDS.values())]
 
 
 def main() -> None:
@@ -61,19 +62,20 @@ def main() -> None:
     for arm, (kind, policy) in KINDS.items():
         schedule_and_time([(records(kind, k), f"{kind}_o{k}") for k in ORDERS], {policy: arm}, HERE / "plans")
     runs = all_runs()
-    bases = counted(runs)
+    pairs = counted(runs)
+    bases = sorted({b for b, _ in pairs})
     missing = [(arm, b, k) for arm, per in runs.items() for b in BASES for k in ORDERS if (b, k) not in per]
-    print(f"\nBases counted: {bases} (of {list(BASES)}); runs missing (arm, base, order): "
+    print(f"\n(base, order) pairs counted: {', '.join(map(str, pairs)) or 'none'}; runs missing (arm, base, order): "
           + (", ".join(map(str, missing)) or "none") + ".\n")
-    if not bases:
-        print("No base has all six runs: nothing to compare.")
+    if not pairs:
+        print("No (base, order) with all three arms: nothing to compare.")
         return
     if len(bases) < len(BASES):
         print(f"**Interim** (protocol.md): the claims are made on four bases; this reading ({len(bases)} bases, "
               f"SE with {len(bases) - 1} df) decides nothing.\n")
-    goal_1x.contrast_table({arm: {key: v for key, v in per.items() if key[0] in bases} for arm, per in runs.items()},
+    goal_1x.contrast_table({arm: {key: v for key, v in per.items() if key in pairs} for arm, per in runs.items()},
                            CONTRASTS, "Contrasts A − B, this machine's bases", median=True)
-    earlier = {arm: {key: v for key, v in per.items() if key[0] in bases and key[1] in ORDERS}
+    earlier = {arm: {key: v for key, v in per.items() if key in pairs}
                for arm, per in goal_dev.load().items() if arm in KINDS}
     print()
     goal_1x.contrast_table(earlier, (("snip", "tail+switch"),), "Beside it: goal_dev's records of the same seeds "
