@@ -14,6 +14,7 @@ full_switch/fw.py's, and goal_dev.py's records of the earlier bases are set besi
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -24,7 +25,7 @@ for folder in ("replicas", "goal_replicas", "goal_1x", "goal_dev", "full_switch"
 import goal_1x  # the contrast table and the record check
 import goal_dev  # the records of the development bases trained on an earlier machine
 from fw import schedule_and_time
-from replicas import finals
+from replicas import DOMAINS, finals
 
 ARM = "snip/run@0-1"
 ORDERS = (0, 1)
@@ -53,8 +54,28 @@ def counted(runs: goal_1x.Runs) -> list[tuple[int, int]]:
             and all(finals(records(kind, k), "base").get(b) == trained[b] for kind, _ in KINDS.values())]
 
 
+def bases_against_records() -> None:
+    """Each base (and order 0's shipped ``snip``) trained here minus the preconditioner study's record of it."""
+    print("| run | machine | " + " | ".join(f"`{d}`: here − record" for d in DOMAINS) + " |")
+    print("|---|---|" + "---|" * len(DOMAINS))
+    for policy in ("base", "snip"):
+        here, there = finals(records("ocp", 0), policy), finals(PRECONDITIONER, policy)
+        for seed in sorted(here):
+            print(f"| `{policy}`, seed {seed} | {machine_of(records('ocp', 0), policy, seed)} | "
+                  + " | ".join(f"{here[seed][d] - there[seed][d]:+.4f}" for d in DOMAINS) + " |")
+    print()
+
+
+def machine_of(path: Path, policy: str, seed: int) -> str:
+    """The CPU capability a run's record names (records before d949d82 name none)."""
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    facts = [r.get("machine") for r in recs if r["policy"] == policy and r["seed"] == seed]
+    return facts[-1]["cpu_capability"] if facts and facts[-1] else "not recorded"
+
+
 def main() -> None:
     goal_1x.check_against_records("this machine's 4,000-step BF16 bases", records("ocp", 0), "base", reference=PRECONDITIONER)
+    bases_against_records()
     print("## What the runs spent (from their recorded plans)\n")
     print("| arm | runs | allocation at step 20 | FP4 share over the continuation | last plan's GEMMs in FP4 "
           "(fprop, dgrad, wgrad; mean over runs) | modelled GEMM time / BF16 (B200) |")
