@@ -78,7 +78,7 @@ def schedule_and_time(sources: list[tuple[Path, str]], label: dict[str, str], fo
         for prefix, r in recs:
             plans = run_plans(prefix, r, folder)
             first = json.loads(plans[1][1].read_text())["extra"]
-            schedules[first["budget_schedule"]] += 1
+            schedules[first.get("budget_schedule", "plan budget: the target share in every plan")] += 1
             times.append(modelled_time(plans, r))
             last = json.loads(plans[-1][1].read_text())["entries"]
             kinds.update(g.rsplit(".", 1)[1] for g, f in last.items() if f in FP4_FORMATS)
