@@ -586,6 +586,7 @@ def test_end_to_end_bf16_and_snip(tmp_path, capsys):
         assert r["replans"] == 2  # at steps 1 and 2 (warmup 1, interval 1)
         assert not (Path(r["run_dir"]) / "checkpoints").exists()
         assert (Path(r["run_dir"]) / "train.log").is_file()
+        assert r["machine"] == runner.machine()  # which CPU kernels made these losses
     assert recs["bf16"]["fp4_share"] == 0.0
     assert recs["snip"]["fp4_share"] >= 0.75
     text = report.read_text()

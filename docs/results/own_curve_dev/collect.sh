@@ -7,10 +7,9 @@ set -e
 : "${WT:?set WT: the worktree run.sh runs in}"
 HERE=$(cd "$(dirname "$0")" && pwd)
 mkdir -p $HERE/plans
-[ -d $WT/runs/ocp_o0 ] || ln -sfn pc4_plan $WT/runs/ocp_o0  # order 0's `snip` is step 1's out-dir
-for out in $WT/runs/oc*_o?; do
+for pair in pc4_plan:ocp_o0 ocp_o1 ocr_o0 ocr_o1 oc_o0 oc_o1; do  # order 0's `snip` is step 1's out-dir
+  out=$WT/runs/${pair%%:*} name=${pair##*:}
   [ -f $out/results.jsonl ] || continue
-  name=$(basename $out)
   cp $out/results.jsonl $HERE/results_$name.jsonl
   for d in $out/*_seed*; do
     run=$(basename $d)

@@ -14,7 +14,6 @@ full_switch/fw.py's, and goal_dev.py's records of the earlier bases are set besi
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE.parent
 for folder in ("replicas", "goal_replicas", "goal_1x", "goal_dev", "full_switch"):
     sys.path.insert(0, str(RESULTS / folder))
-import goal_1x  # the contrast table and the record check
+import goal_1x  # the contrast table
 import goal_dev  # the records of the development bases trained on an earlier machine
 from fw import schedule_and_time
 from replicas import DOMAINS, finals
@@ -48,33 +47,27 @@ def all_runs() -> goal_1x.Runs:
 def counted(runs: goal_1x.Runs) -> list[tuple[int, int]]:
     """The (base, order) pairs where all three arms finished from one training of the base (its record the
     same in the files of order 0's ``snip``, where it was trained, and of the order's three arms)."""
-    trained = finals(records("ocp", 0), "base")
-    return [(b, k) for b in BASES for k in ORDERS
+    bases = {(kind, k): finals(records(kind, k), "base") for kind, _ in KINDS.values() for k in ORDERS}
+    trained = bases[("ocp", 0)]
+    return [(b, k) for b in BASES if b in trained for k in ORDERS
             if all((b, k) in per for per in runs.values())
-            and all(finals(records(kind, k), "base").get(b) == trained[b] for kind, _ in KINDS.values())]
+            and all(bases[(kind, k)].get(b) == trained[b] for kind, _ in KINDS.values())]
 
 
 def bases_against_records() -> None:
-    """Each base (and order 0's shipped ``snip``) trained here minus the preconditioner study's record of it."""
-    print("| run | machine | " + " | ".join(f"`{d}`: here − record" for d in DOMAINS) + " |")
-    print("|---|---|" + "---|" * len(DOMAINS))
+    """Each base (and order 0's shipped ``snip``) trained here minus the preconditioner study's record of it
+    (the records of this study's fixed commit name no machine: ``machine`` came with d949d82)."""
+    print("| run | " + " | ".join(f"`{d}`: here − record" for d in DOMAINS) + " |")
+    print("|---|" + "---|" * len(DOMAINS))
     for policy in ("base", "snip"):
         here, there = finals(records("ocp", 0), policy), finals(PRECONDITIONER, policy)
         for seed in sorted(here):
-            print(f"| `{policy}`, seed {seed} | {machine_of(records('ocp', 0), policy, seed)} | "
-                  + " | ".join(f"{here[seed][d] - there[seed][d]:+.4f}" for d in DOMAINS) + " |")
+            print(f"| `{policy}`, seed {seed} | " + " | ".join(f"{here[seed][d] - there[seed][d]:+.4f}" for d in DOMAINS) + " |")
     print()
 
 
-def machine_of(path: Path, policy: str, seed: int) -> str:
-    """The CPU capability a run's record names (records before d949d82 name none)."""
-    recs = [json.loads(line) for line in path.read_text().splitlines()]
-    facts = [r.get("machine") for r in recs if r["policy"] == policy and r["seed"] == seed]
-    return facts[-1]["cpu_capability"] if facts and facts[-1] else "not recorded"
-
-
 def main() -> None:
-    goal_1x.check_against_records("this machine's 4,000-step BF16 bases", records("ocp", 0), "base", reference=PRECONDITIONER)
+    print("## This machine's bases against their records\n")
     bases_against_records()
     print("## What the runs spent (from their recorded plans)\n")
     print("| arm | runs | allocation at step 20 | FP4 share over the continuation | last plan's GEMMs in FP4 "
